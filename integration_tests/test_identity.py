@@ -1,0 +1,163 @@
+"""Stack identity: the installed stack is what the cell asked for (no silent CPU wheel), and the
+libraries torch loaded agree with the wheels that were installed. Also captures the environment."""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import os
+import platform
+import re
+import sys
+from pathlib import Path
+
+import pytest
+import record
+import torch
+
+
+def _dist_version(name: str) -> str | None:
+    try:
+        return md.version(name)
+    except md.PackageNotFoundError:
+        return None
+
+
+def _nvidia_wheels() -> dict[str, str]:
+    out = {}
+    for dist in md.distributions():
+        name = (dist.metadata["Name"] or "").lower()
+        if name.startswith(("nvidia-", "triton", "cuda-")):
+            out[name] = dist.version
+    return out
+
+
+def _nccl_version() -> str | None:
+    try:
+        v = torch.cuda.nccl.version()
+    except Exception:  # noqa: BLE001 - a +cpu build has no NCCL
+        return None
+    return ".".join(str(x) for x in v) if isinstance(v, tuple) else str(v)
+
+
+def _loaded_libraries(pattern: str) -> list[str]:
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return []
+    return sorted({line.split()[-1] for line in maps.splitlines() if re.search(pattern, line.split()[-1] if line.split() else "")})
+
+
+def _cudnn_versions() -> tuple[int | None, int | None]:
+    if not torch.backends.cudnn.is_available():
+        return None, None
+    runtime = torch.backends.cudnn.version()
+    compile_time = None
+    try:
+        major, minor, patch = torch._C._cudnn.getCompileVersion()  # noqa: SLF001 - as PyTorch's smoke test
+        compile_time = major * 10000 + minor * 100 + patch
+    except Exception:  # noqa: BLE001
+        compile_time = None
+    return runtime, compile_time
+
+
+def test_capture_environment(expect) -> None:
+    runtime, compile_time = _cudnn_versions()
+    if expect.cuda.startswith("cu"):
+        torch.cuda.is_available()  # loads libcuda/NCCL where present, so /proc/self/maps shows them
+    record.environment({
+        "torch": torch.__version__,
+        "torch_git": getattr(torch.version, "git_version", ""),
+        "cuda": torch.version.cuda,
+        "cuda_available": torch.cuda.is_available(),
+        "device_count": torch.cuda.device_count() if torch.cuda.is_available() else 0,
+        "devices": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+        if torch.cuda.is_available() else [],
+        "nccl": _nccl_version(),
+        "nccl_library": _loaded_libraries(r"libnccl\.so"),
+        "cudnn": runtime,
+        "cudnn_compile": compile_time,
+        "triton": _dist_version("triton"),
+        "numpy": _dist_version("numpy"),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "hostname": platform.node(),
+        "gloo_available": torch.distributed.is_gloo_available(),
+        "nccl_available": torch.distributed.is_nccl_available(),
+        "nvidia_wheels": _nvidia_wheels(),
+        "packages": sorted(f"{d.metadata['Name']}=={d.version}" for d in md.distributions()),
+        "executable": sys.executable,
+    })
+
+
+def test_torch_version(expect) -> None:
+    if not expect.torch:
+        pytest.skip("STACKGATE_EXPECT_TORCH not set")
+    installed = torch.__version__.split("+")[0]
+    assert installed == expect.torch, f"asked for torch {expect.torch}, found {torch.__version__}"
+
+
+def test_cuda_build_matches_cell(expect) -> None:
+    if not expect.cuda:
+        pytest.skip("STACKGATE_EXPECT_CUDA not set")
+    if expect.cuda == "cpu":
+        assert torch.version.cuda is None, f"a cpu cell got a CUDA build ({torch.version.cuda})"
+        return
+    digits = expect.cuda[2:]
+    wanted = f"{digits[:-1]}.{digits[-1]}"
+    assert torch.version.cuda is not None, (
+        f"silent CPU wheel: the cell asked for {expect.cuda} but torch {torch.__version__} has no CUDA")
+    assert torch.version.cuda == wanted, f"asked for CUDA {wanted}, torch was built with {torch.version.cuda}"
+
+
+def test_cuda_usable_on_gpu_runner(expect) -> None:
+    if expect.device != "cuda":
+        pytest.skip("CPU runner: CUDA paths are not exercised")
+    assert torch.cuda.is_available(), "GPU runner but torch.cuda.is_available() is False (driver too old?)"
+    x = torch.ones(4, device="cuda")
+    assert float((x * 2).sum()) == 8.0
+
+
+def test_cudnn_runtime_matches_compile_time(expect) -> None:
+    runtime, compile_time = _cudnn_versions()
+    if runtime is None:
+        if expect.cuda.startswith("cu"):
+            pytest.fail("CUDA build without cuDNN")
+        pytest.skip("no cuDNN in a CPU build")
+    if compile_time is None:
+        pytest.skip("this torch does not expose the compile-time cuDNN version")
+    assert runtime // 100 == compile_time // 100, f"cuDNN runtime {runtime} != compile-time {compile_time}"
+
+
+def test_nvidia_wheels_agree_with_torch(expect) -> None:
+    """pip's nvidia-nccl / nvidia-cudnn wheels must be what torch reports (no shadowing library)."""
+    if not expect.cuda.startswith("cu"):
+        pytest.skip("no nvidia wheels in a CPU build")
+    wheels = _nvidia_wheels()
+    nccl_wheel = next((v for k, v in wheels.items() if k.startswith("nvidia-nccl")), None)
+    nccl = _nccl_version()
+    assert nccl is not None, "CUDA build reports no NCCL"
+    if nccl_wheel is not None:
+        assert nccl_wheel.startswith(nccl), f"nvidia-nccl wheel {nccl_wheel} but torch reports NCCL {nccl}"
+    cudnn_wheel = next((v for k, v in wheels.items() if k.startswith("nvidia-cudnn")), None)
+    runtime, _ = _cudnn_versions()
+    if cudnn_wheel is not None and runtime is not None:
+        major, minor = runtime // 10000, (runtime % 10000) // 100
+        assert cudnn_wheel.startswith(f"{major}.{minor}"), f"nvidia-cudnn wheel {cudnn_wheel} but torch loaded {runtime}"
+
+
+def test_nccl_library_comes_from_the_wheel(expect) -> None:
+    if expect.device != "cuda":
+        pytest.skip("NCCL is loaded only when a GPU is present")
+    torch.zeros(1, device="cuda")
+    libs = _loaded_libraries(r"libnccl\.so")
+    record.environment({"nccl_library": libs})
+    assert libs, "torch did not load libnccl"
+    assert len(libs) == 1, f"more than one libnccl loaded: {libs}"
+
+
+def test_triton_present_for_compile(expect) -> None:
+    if not expect.cuda.startswith("cu") or platform.system() != "Linux":
+        pytest.skip("Triton is needed by torch.compile only on CUDA builds on Linux")
+    assert _dist_version("triton") is not None, "CUDA build of torch without Triton: torch.compile on GPU will fail"

@@ -1,0 +1,3 @@
+from stackgate.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,229 @@
+"""The compatibility solver: which (driver, CUDA, torch, Python, GPU class) combinations can exist.
+
+Rules come from `matrix/compat.toml`; each evaluation returns every rule that decided, so a pruned
+cell or a `compat check` always says why.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from packaging.version import Version
+
+from stackgate import tomlfile
+from stackgate.errors import ConfigError
+from stackgate.model import GpuClass
+from stackgate.versions import CudaVariant, parse_driver, parse_python, parse_torch, release_series
+
+
+@dataclass(frozen=True)
+class DriverRule:
+    key: str
+    min_driver: Version
+    source: str
+
+
+@dataclass(frozen=True)
+class TorchRelease:
+    series: str
+    cuda: tuple[CudaVariant, ...]
+    python: tuple[str, ...]
+    pypi_default: CudaVariant | None
+
+
+@dataclass(frozen=True)
+class CompatTable:
+    path: Path
+    drivers: dict[str, DriverRule]
+    forward_compat_classes: tuple[GpuClass, ...]
+    forward_compat_min_driver: Version
+    forward_compat_source: str
+    torch: dict[str, TorchRelease]
+
+    def driver_rule(self, cuda: Version) -> DriverRule | None:
+        return self.drivers.get(f"{cuda.major}.{cuda.minor}") or self.drivers.get(str(cuda.major))
+
+    def release(self, torch: Version) -> TorchRelease | None:
+        return self.torch.get(release_series(torch))
+
+
+@dataclass(frozen=True)
+class RuleOutcome:
+    rule: str
+    ok: bool
+    detail: str
+
+
+@dataclass(frozen=True)
+class Compatibility:
+    ok: bool
+    outcomes: tuple[RuleOutcome, ...]
+    uses_forward_compat: bool = False
+
+    @property
+    def failures(self) -> tuple[RuleOutcome, ...]:
+        return tuple(o for o in self.outcomes if not o.ok)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "compatible": self.ok,
+            "uses_forward_compat": self.uses_forward_compat,
+            "rules": [{"rule": o.rule, "ok": o.ok, "detail": o.detail} for o in self.outcomes],
+        }
+
+
+def load_compat(path: Path) -> CompatTable:
+    doc = tomlfile.load(path)
+    tomlfile.check_keys(doc, doc.data, ["cuda", "forward_compat", "torch"])
+    drivers: dict[str, DriverRule] = {}
+    for key, row in tomlfile.get(doc, doc.data, "cuda", dict).items():
+        tomlfile.check_keys(doc, row, ["min_driver", "source"], "cuda", key)
+        drivers[key] = DriverRule(
+            key=key,
+            min_driver=_located(doc, lambda r=row, k=key: parse_driver(tomlfile.get(doc, r, "min_driver", str, "cuda", k)), "cuda", key, "min_driver"),
+            source=tomlfile.get(doc, row, "source", str, "cuda", key, default=""),
+        )
+    fc = tomlfile.get(doc, doc.data, "forward_compat", dict, default={})
+    tomlfile.check_keys(doc, fc, ["gpu_classes", "min_driver", "source"], "forward_compat")
+    classes = tuple(
+        _located(doc, lambda c=c: GpuClass(c), "forward_compat", "gpu_classes")
+        for c in tomlfile.str_list(doc, fc, "gpu_classes", "forward_compat", default=["datacenter"])
+    )
+    releases: dict[str, TorchRelease] = {}
+    for series, row in tomlfile.get(doc, doc.data, "torch", dict).items():
+        tomlfile.check_keys(doc, row, ["cuda", "python", "pypi_default"], "torch", series)
+        default = tomlfile.get(doc, row, "pypi_default", str, "torch", series, default="")
+        releases[series] = TorchRelease(
+            series=series,
+            cuda=tuple(
+                _located(doc, lambda v=v: CudaVariant.parse(v), "torch", series, "cuda")
+                for v in tomlfile.str_list(doc, row, "cuda", "torch", series)
+            ),
+            python=tuple(
+                _located(doc, lambda p=p: parse_python(p), "torch", series, "python")
+                for p in tomlfile.str_list(doc, row, "python", "torch", series)
+            ),
+            pypi_default=CudaVariant.parse(default) if default else None,
+        )
+    return CompatTable(
+        path=path,
+        drivers=drivers,
+        forward_compat_classes=classes,
+        forward_compat_min_driver=parse_driver(str(fc.get("min_driver", "535"))),
+        forward_compat_source=str(fc.get("source", "")),
+        torch=releases,
+    )
+
+
+def _located(doc: tomlfile.Doc, parse: Any, *keys: str) -> Any:
+    """Run a parser; re-raise its ConfigError with this file and line."""
+    try:
+        return parse()
+    except ConfigError as exc:
+        raise doc.error(str(exc), *keys, hint=exc.hint) from None
+    except ValueError as exc:
+        raise doc.error(str(exc), *keys) from None
+
+
+def check(
+    table: CompatTable,
+    *,
+    torch: Version,
+    cuda: CudaVariant,
+    python: str | None = None,
+    driver: Version | None = None,
+    gpu_class: GpuClass = GpuClass.DATACENTER,
+    has_compat_package: bool = False,
+) -> Compatibility:
+    """Evaluate every rule; compatible only if none fails. `driver=None` means a CPU runner."""
+    outcomes: list[RuleOutcome] = []
+    release = table.release(torch)
+    if release is None:
+        known = ", ".join(sorted(table.torch, key=lambda s: Version(s)))
+        outcomes.append(RuleOutcome("torch-release-known", False,
+                                    f"torch {torch} (series {release_series(torch)}) is not in {table.path.name}; known: {known}"))
+    else:
+        ships = cuda in release.cuda
+        outcomes.append(RuleOutcome(
+            "torch-ships-variant", ships,
+            f"torch {release.series} ships {', '.join(v.tag for v in release.cuda)}"
+            + ("" if ships else f"; not {cuda.tag}"),
+        ))
+        if python is not None:
+            supported = python in release.python
+            outcomes.append(RuleOutcome(
+                "torch-supports-python", supported,
+                f"torch {release.series} supports Python {', '.join(release.python)}"
+                + ("" if supported else f"; not {python}"),
+            ))
+    if torch.local and torch.local != cuda.tag:
+        outcomes.append(RuleOutcome("local-label-matches", False,
+                                    f"torch {torch} is a +{torch.local} build but the cell asks for {cuda.tag}"))
+
+    uses_fc = False
+    cuda_version = cuda.cuda_version
+    if cuda_version is None:
+        outcomes.append(RuleOutcome("cpu-build", True, "a +cpu build has no CUDA and needs no driver"))
+    elif driver is None:
+        outcomes.append(RuleOutcome("cpu-runner", True,
+                                    f"no GPU: the {cuda.tag} build runs in CPU mode; CUDA paths are not exercised"))
+    else:
+        rule = table.driver_rule(cuda_version)
+        if rule is None:
+            outcomes.append(RuleOutcome("cuda-driver-known", False,
+                                        f"no minimum-driver row for CUDA {cuda_version} in {table.path.name}"))
+        elif driver >= rule.min_driver:
+            outcomes.append(RuleOutcome("cuda-min-driver", True,
+                                        f"CUDA {cuda_version} needs driver >= {rule.min_driver}; driver is {driver}"))
+        else:
+            fc_ok = (
+                gpu_class in table.forward_compat_classes
+                and has_compat_package
+                and driver >= table.forward_compat_min_driver
+            )
+            outcomes.append(RuleOutcome("cuda-min-driver", fc_ok,
+                                        f"CUDA {cuda_version} needs driver >= {rule.min_driver}; driver is {driver}"
+                                        + (" (allowed through forward compatibility)" if fc_ok else "")))
+            if fc_ok:
+                uses_fc = True
+                outcomes.append(RuleOutcome("forward-compat", True,
+                                            f"{gpu_class.value} GPU with the cuda-compat package, driver >= "
+                                            f"{table.forward_compat_min_driver}"))
+            else:
+                why = []
+                if gpu_class not in table.forward_compat_classes:
+                    why.append(f"forward compatibility is only for {', '.join(c.value for c in table.forward_compat_classes)} GPUs, not {gpu_class.value}")
+                if not has_compat_package:
+                    why.append("the image does not carry the cuda-compat package")
+                if driver < table.forward_compat_min_driver:
+                    why.append(f"forward compatibility needs driver >= {table.forward_compat_min_driver}")
+                outcomes.append(RuleOutcome("forward-compat", False, "; ".join(why)))
+    return Compatibility(ok=all(o.ok for o in outcomes), outcomes=tuple(outcomes), uses_forward_compat=uses_fc)
+
+
+def check_strings(
+    table: CompatTable,
+    *,
+    torch: str,
+    cuda: str,
+    driver: str | None,
+    python: str | None,
+    gpu_class: str,
+    compat_package: bool,
+) -> Compatibility:
+    """The `compat check` entry point: parse at the edge, then `check`."""
+    try:
+        klass = GpuClass(gpu_class)
+    except ValueError:
+        raise ConfigError(f"unknown GPU class {gpu_class!r}", hint="use datacenter, consumer or none") from None
+    return check(
+        table,
+        torch=parse_torch(torch),
+        cuda=CudaVariant.parse(cuda),
+        python=parse_python(python) if python else None,
+        driver=parse_driver(driver) if driver else None,
+        gpu_class=klass,
+        has_compat_package=compat_package,
+    )

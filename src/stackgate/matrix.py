@@ -1,0 +1,416 @@
+"""Matrix model: load pools, production and a matrix file; expand to cells; prune; select.
+
+Pure functions over parsed data; nothing here touches a process or the network except
+`detect_local` (nvidia-smi), which callers run once and pass in.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import itertools
+import re
+import shutil
+import subprocess
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from packaging.version import Version
+
+from stackgate import compat as compat_mod
+from stackgate import tomlfile
+from stackgate.errors import ConfigError
+from stackgate.model import (
+    Cell,
+    GpuClass,
+    NotHere,
+    Pruned,
+    Role,
+    RunnerPool,
+    Stack,
+    Topology,
+    Transport,
+    WheelSource,
+)
+from stackgate.versions import CudaVariant, parse_driver, parse_python, parse_torch
+
+_TOPOLOGY = re.compile(r"^(\d+)x(\d+)$")
+_DATACENTER = re.compile(r"\b(A100|A10G?|A30|A40|H100|H200|H20|B100|B200|GB200|L4|L40S?|T4|V100)\b", re.I)
+
+
+@dataclass(frozen=True)
+class LocalHost:
+    """What the machine at hand offers, from nvidia-smi (or nothing)."""
+
+    driver: Version | None = None
+    gpu: str = ""
+    gpu_count: int = 0
+
+    @property
+    def gpu_class(self) -> GpuClass:
+        if self.driver is None:
+            return GpuClass.NONE
+        return GpuClass.DATACENTER if _DATACENTER.search(self.gpu) else GpuClass.CONSUMER
+
+
+def detect_local(nvidia_smi: str | None = None) -> LocalHost:
+    """Query nvidia-smi; a missing or failing tool means a CPU runner.
+
+    nvidia-smi can exit 0 with a crashed driver; the per-GPU query below fails in that case, as
+    PyTorch's CI health probe relies on.
+    """
+    exe = nvidia_smi or shutil.which("nvidia-smi")
+    if not exe:
+        return LocalHost()
+    try:
+        proc = subprocess.run(
+            [exe, "--query-gpu=driver_version,name", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=30, check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return LocalHost()
+    return parse_nvidia_smi(proc.stdout) if proc.returncode == 0 else LocalHost()
+
+
+def parse_nvidia_smi(text: str) -> LocalHost:
+    rows = [line.split(",") for line in text.strip().splitlines() if line.strip()]
+    rows = [r for r in rows if len(r) >= 2 and "ERR" not in r[0]]
+    if not rows:
+        return LocalHost()
+    return LocalHost(driver=parse_driver(rows[0][0].strip()), gpu=rows[0][1].strip(), gpu_count=len(rows))
+
+
+@dataclass(frozen=True)
+class AxisSet:
+    cuda: tuple[CudaVariant, ...]
+    topology: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Rule:
+    """An include or exclude row: field -> glob (excludes) or value (includes)."""
+
+    fields: tuple[tuple[str, str], ...]
+    line: int | None
+
+    def get(self, key: str) -> str | None:
+        return dict(self.fields).get(key)
+
+
+@dataclass(frozen=True)
+class Production:
+    torch: Version
+    python: str
+    cuda: CudaVariant
+    cpu_cuda: CudaVariant
+    path: Path
+
+    def stack_for(self, pool: RunnerPool, source: WheelSource) -> Stack:
+        cuda = self.cuda if pool.has_gpu else self.cpu_cuda
+        return Stack(torch=self.torch, cuda=cuda, python=self.python, source=source, channel="production")
+
+
+@dataclass(frozen=True)
+class MatrixSpec:
+    path: Path
+    name: str
+    channel: str
+    pools: tuple[str, ...]
+    torch: tuple[str, ...]
+    python: tuple[str, ...]
+    gpu_axes: AxisSet
+    cpu_axes: AxisSet
+    required: tuple[str, ...]
+    includes: tuple[Rule, ...]
+    excludes: tuple[Rule, ...]
+    source: WheelSource
+    doc: tomlfile.Doc = field(repr=False, compare=False)
+
+
+@dataclass(frozen=True)
+class Expansion:
+    """The whole matrix: cells that can run here, cells for other pools, and pruned cells."""
+
+    cells: tuple[Cell, ...]
+    not_here: tuple[NotHere, ...]
+    pruned: tuple[Pruned, ...]
+
+    @property
+    def all_cells(self) -> tuple[Cell, ...]:
+        return self.cells + tuple(n.cell for n in self.not_here)
+
+
+# ---------------------------------------------------------------------------------------------- load
+
+def load_pools(path: Path, local: LocalHost) -> dict[str, RunnerPool]:
+    doc = tomlfile.load(path)
+    tomlfile.check_keys(doc, doc.data, ["pool"])
+    pools: dict[str, RunnerPool] = {}
+    keys = ["detect", "driver", "gpu_class", "gpu", "gpus_per_node", "transport", "nodes"]
+    for name, row in tomlfile.get(doc, doc.data, "pool", dict).items():
+        if not re.fullmatch(r"[a-z0-9][a-z0-9\-]*", name):
+            raise doc.error(f"pool name {name!r} must be lower-case letters, digits and '-'", "pool", name)
+        tomlfile.check_keys(doc, row, keys, "pool", name)
+        nodes = tomlfile.get(doc, row, "nodes", int, "pool", name, default=1)
+        if tomlfile.get(doc, row, "detect", bool, "pool", name, default=False):
+            pools[name] = RunnerPool(
+                name=name, driver=local.driver, gpu_class=local.gpu_class, gpu=local.gpu or "cpu",
+                gpus_per_node=local.gpu_count,
+                transport=Transport.SOCKET if local.gpu_count else Transport.NONE,
+                nodes=nodes, is_local=True,
+            )
+            continue
+        driver = tomlfile.get(doc, row, "driver", str, "pool", name, default="")
+        pools[name] = RunnerPool(
+            name=name,
+            driver=_parse(doc, parse_driver, driver, "pool", name, "driver") if driver else None,
+            gpu_class=_parse(doc, GpuClass, tomlfile.get(doc, row, "gpu_class", str, "pool", name, default="none"),
+                             "pool", name, "gpu_class"),
+            gpu=tomlfile.get(doc, row, "gpu", str, "pool", name, default=""),
+            gpus_per_node=tomlfile.get(doc, row, "gpus_per_node", int, "pool", name, default=0),
+            transport=_parse(doc, Transport, tomlfile.get(doc, row, "transport", str, "pool", name, default="none"),
+                             "pool", name, "transport"),
+            nodes=nodes,
+        )
+    return pools
+
+
+def load_production(path: Path) -> Production:
+    doc = tomlfile.load(path)
+    tomlfile.check_keys(doc, doc.data, ["production"])
+    row = tomlfile.get(doc, doc.data, "production", dict)
+    tomlfile.check_keys(doc, row, ["torch", "cuda", "python", "cpu"], "production")
+    cpu = tomlfile.get(doc, row, "cpu", dict, "production", default={})
+    tomlfile.check_keys(doc, cpu, ["cuda"], "production", "cpu")
+    return Production(
+        torch=_parse(doc, parse_torch, tomlfile.get(doc, row, "torch", str, "production"), "production", "torch"),
+        python=_parse(doc, parse_python, tomlfile.get(doc, row, "python", str, "production"), "production", "python"),
+        cuda=_parse(doc, CudaVariant.parse, tomlfile.get(doc, row, "cuda", str, "production"), "production", "cuda"),
+        cpu_cuda=_parse(doc, CudaVariant.parse, tomlfile.get(doc, cpu, "cuda", str, "production", "cpu", default="cpu"),
+                        "production", "cpu", "cuda"),
+        path=path,
+    )
+
+
+_RULE_KEYS = ("pool", "cuda", "torch", "python", "topology")
+
+
+def load_matrix(path: Path) -> MatrixSpec:
+    doc = tomlfile.load(path)
+    tomlfile.check_keys(doc, doc.data, ["matrix", "include", "exclude", "source"])
+    m = tomlfile.get(doc, doc.data, "matrix", dict)
+    tomlfile.check_keys(doc, m, ["name", "channel", "pools", "torch", "cuda", "python", "topology", "required",
+                                 "cpu"], "matrix")
+    gpu = AxisSet(
+        cuda=tuple(_parse(doc, CudaVariant.parse, v, "matrix", "cuda") for v in tomlfile.str_list(doc, m, "cuda", "matrix")),
+        topology=tuple(_topology_word(doc, t, "matrix") for t in tomlfile.str_list(doc, m, "topology", "matrix", default=["node"])),
+    )
+    cpu_row = tomlfile.get(doc, m, "cpu", dict, "matrix", default={})
+    tomlfile.check_keys(doc, cpu_row, ["cuda", "topology"], "matrix", "cpu")
+    cpu = AxisSet(
+        cuda=tuple(_parse(doc, CudaVariant.parse, v, "matrix", "cpu", "cuda")
+                   for v in tomlfile.str_list(doc, cpu_row, "cuda", "matrix", "cpu", default=[v.tag for v in gpu.cuda])),
+        topology=tuple(_topology_word(doc, t, "matrix", "cpu")
+                       for t in tomlfile.str_list(doc, cpu_row, "topology", "matrix", "cpu", default=["1x2"])),
+    )
+    torch = tomlfile.str_list(doc, m, "torch", "matrix")
+    for t in torch:
+        if t != "nightly":
+            _parse(doc, parse_torch, t, "matrix", "torch")
+    channel = tomlfile.get(doc, m, "channel", str, "matrix", default="stable")
+    if channel not in ("stable", "nightly", "test"):
+        raise doc.error(f"unknown channel {channel!r}", "matrix", "channel", hint="use stable, test or nightly")
+    rules: dict[str, list[Rule]] = {"include": [], "exclude": []}
+    for kind in rules:
+        rows = tomlfile.get(doc, doc.data, kind, list, default=[])
+        for index, row in enumerate(rows):
+            if not isinstance(row, dict):
+                raise doc.error(f"[[{kind}]] entries must be tables", kind)
+            tomlfile.check_keys(doc, row, _RULE_KEYS, kind)
+            fields = tuple((k, str(row[k])) for k in _RULE_KEYS if k in row)
+            line = _nth_header_line(doc, kind, index)
+            if kind == "include" and "pool" not in row:
+                raise ConfigError("[[include]] needs a 'pool'", path=path, line=line)
+            rules[kind].append(Rule(fields=fields, line=line))
+    return MatrixSpec(
+        path=path,
+        name=tomlfile.get(doc, m, "name", str, "matrix", default=path.stem),
+        channel=channel,
+        pools=tomlfile.str_list(doc, m, "pools", "matrix"),
+        torch=torch,
+        python=tuple(_parse(doc, parse_python, p, "matrix", "python") for p in tomlfile.str_list(doc, m, "python", "matrix")),
+        gpu_axes=gpu,
+        cpu_axes=cpu,
+        required=tomlfile.str_list(doc, m, "required", "matrix", default=[]),
+        includes=tuple(rules["include"]),
+        excludes=tuple(rules["exclude"]),
+        source=load_source(doc, tomlfile.get(doc, doc.data, "source", dict, default={})),
+        doc=doc,
+    )
+
+
+def load_source(doc: tomlfile.Doc, row: Mapping[str, Any]) -> WheelSource:
+    tomlfile.check_keys(doc, row, ["name", "index_url", "extra_index_urls", "find_links", "inherit_pip_config", "pre"],
+                        "source")
+    return WheelSource(
+        name=tomlfile.get(doc, row, "name", str, "source", default="default"),
+        index_url=tomlfile.get(doc, row, "index_url", str, "source", default=None),
+        extra_index_urls=tomlfile.str_list(doc, row, "extra_index_urls", "source", default=[]),
+        find_links=tomlfile.str_list(doc, row, "find_links", "source", default=[]),
+        inherit_pip_config=tomlfile.get(doc, row, "inherit_pip_config", bool, "source", default=True),
+        pre=tomlfile.get(doc, row, "pre", bool, "source", default=False),
+    )
+
+
+def _nth_header_line(doc: tomlfile.Doc, kind: str, index: int) -> int | None:
+    seen = -1
+    for number, raw in enumerate(doc.lines, start=1):
+        if raw.strip().startswith(f"[[{kind}]]"):
+            seen += 1
+            if seen == index:
+                return number
+    return doc.line_of(kind)
+
+
+def _topology_word(doc: tomlfile.Doc, word: str, *where: str) -> str:
+    if word in ("node", "pool") or _TOPOLOGY.match(word):
+        return word
+    raise doc.error(f"unknown topology {word!r}", *where, "topology", hint="use 'node', 'pool' or NODESxPROCS such as 2x2")
+
+
+def _parse(doc: tomlfile.Doc, parser: Any, value: Any, *keys: str) -> Any:
+    try:
+        return parser(value)
+    except ConfigError as exc:
+        raise doc.error(str(exc), *keys, hint=exc.hint) from None
+    except ValueError as exc:
+        raise doc.error(str(exc), *keys) from None
+
+
+# -------------------------------------------------------------------------------------------- expand
+
+def resolve_topology(word: str, pool: RunnerPool) -> Topology | str:
+    """A topology for this pool, or the reason it cannot exist there."""
+    if word == "node":
+        return Topology(1, pool.gpus_per_node) if pool.has_gpu else Topology(1, 2)
+    if word == "pool":
+        return Topology(pool.nodes, pool.gpus_per_node) if pool.has_gpu else Topology(pool.nodes, 2)
+    match = _TOPOLOGY.match(word)
+    if match is None:  # pragma: no cover - validated at load
+        return f"bad topology {word}"
+    topo = Topology(int(match.group(1)), int(match.group(2)))
+    if topo.nodes > pool.nodes:
+        return f"topology {topo} needs {topo.nodes} nodes; pool {pool.name} has {pool.nodes}"
+    if pool.has_gpu and topo.nproc_per_node > pool.gpus_per_node:
+        return f"topology {topo} needs {topo.nproc_per_node} GPUs per node; pool {pool.name} has {pool.gpus_per_node}"
+    return topo
+
+
+def _rule_matches(rule: Rule, values: Mapping[str, str]) -> bool:
+    return all(fnmatch.fnmatchcase(values.get(k, ""), pattern) for k, pattern in rule.fields)
+
+
+def expand(
+    spec: MatrixSpec,
+    pools: Mapping[str, RunnerPool],
+    production: Production,
+    table: compat_mod.CompatTable,
+    *,
+    torch_versions: Sequence[Version],
+    source: WheelSource | None = None,
+) -> Expansion:
+    """Candidate cells over pools x torch x cuda x python x topology, pruned by the compat rules,
+    plus one production cell per (pool, topology) that has a candidate."""
+    source = source or spec.source
+    for name in spec.pools:
+        if name not in pools:
+            raise spec.doc.error(f"unknown runner pool {name!r}", "matrix", "pools",
+                                 hint=f"pools defined: {', '.join(sorted(pools))}")
+    combos: list[tuple[RunnerPool, Version, CudaVariant, str, str]] = []
+    for name in spec.pools:
+        pool = pools[name]
+        axes = spec.gpu_axes if pool.has_gpu else spec.cpu_axes
+        for torch, cuda, python, topo in itertools.product(torch_versions, axes.cuda, spec.python, axes.topology):
+            combos.append((pool, torch, cuda, python, topo))
+    for rule in spec.includes:
+        pool_name = rule.get("pool") or ""
+        if pool_name not in pools:
+            raise ConfigError(f"[[include]] names unknown pool {pool_name!r}", path=spec.path, line=rule.line)
+        pool = pools[pool_name]
+        axes = spec.gpu_axes if pool.has_gpu else spec.cpu_axes
+        cudas = [CudaVariant.parse(rule.get("cuda") or "")] if rule.get("cuda") else list(axes.cuda)
+        torches = [parse_torch(rule.get("torch") or "")] if rule.get("torch") else list(torch_versions)
+        pythons = [rule.get("python") or ""] if rule.get("python") else list(spec.python)
+        topos = [rule.get("topology") or ""] if rule.get("topology") else list(axes.topology)
+        for torch, cuda, python, topo in itertools.product(torches, cudas, pythons, topos):
+            combos.append((pool, torch, cuda, python, topo))
+
+    cells: dict[str, Cell] = {}
+    pruned: dict[str, Pruned] = {}
+    for pool, torch, cuda, python, topo_word in combos:
+        values = {"pool": pool.name, "cuda": cuda.tag, "torch": str(torch), "python": python, "topology": topo_word}
+        if any(_rule_matches(rule, values) for rule in spec.excludes):
+            continue
+        stack = Stack(torch=torch, cuda=cuda, python=python, source=source, channel=spec.channel)
+        topo = resolve_topology(topo_word, pool)
+        cell = Cell(stack=stack, pool=pool, topology=topo if isinstance(topo, Topology) else Topology(0, 0),
+                    role=Role.CANDIDATE)
+        _admit(cell, table, spec.required, cells, pruned, topo if isinstance(topo, str) else None)
+
+    for candidate in list(cells.values()):
+        stack = production.stack_for(candidate.pool, source)
+        prod = Cell(stack=stack, pool=candidate.pool, topology=candidate.topology, role=Role.PRODUCTION)
+        _admit(prod, table, ("*",), cells, pruned, None)
+
+    ordered = sorted(cells.values(), key=lambda c: (c.pool.name, str(c.topology), c.role is Role.CANDIDATE, c.id))
+    here = tuple(c for c in ordered if c.pool.is_local)
+    away = tuple(
+        NotHere(c, f"runner pool {c.pool.name} ({c.pool.gpu or 'cpu'}, driver {c.pool.driver}) is not this machine; "
+                   f"run stackgate on that pool")
+        for c in ordered if not c.pool.is_local
+    )
+    return Expansion(cells=here, not_here=away, pruned=tuple(sorted(pruned.values(), key=lambda p: p.cell.id)))
+
+
+def _admit(cell: Cell, table: compat_mod.CompatTable, required: Iterable[str], cells: dict[str, Cell],
+           pruned: dict[str, Pruned], topology_problem: str | None) -> None:
+    result = compat_mod.check(
+        table, torch=cell.stack.torch, cuda=cell.stack.cuda, python=cell.stack.python,
+        driver=cell.pool.driver if cell.pool.has_gpu else None, gpu_class=cell.pool.gpu_class,
+        has_compat_package=cell.stack.cuda_compat,
+    )
+    reasons = [f"{o.rule}: {o.detail}" for o in result.failures]
+    if topology_problem:
+        reasons.append(f"topology: {topology_problem}")
+    if reasons:
+        pruned[cell.id] = Pruned(cell=cell, reasons=tuple(reasons))
+        return
+    is_required = cell.role is Role.PRODUCTION or any(fnmatch.fnmatchcase(cell.id, g) for g in required)
+    cells[cell.id] = replace(cell, required=is_required)
+
+
+# -------------------------------------------------------------------------------------------- select
+
+def select(expansion: Expansion, only: Sequence[str] = (), shard: tuple[int, int] | None = None) -> Expansion:
+    """Keep cells whose id matches any `--only` glob, then this shard (index, count) of them.
+
+    A selected candidate keeps its production partner: a comparison needs both.
+    """
+    def keep(cell: Cell) -> bool:
+        return not only or any(fnmatch.fnmatchcase(cell.id, g) for g in only)
+
+    chosen = [c for c in expansion.cells if keep(c)]
+    partners = {c.comparison_key for c in chosen if c.role is Role.CANDIDATE}
+    chosen_ids = {c.id for c in chosen}
+    chosen += [c for c in expansion.cells
+               if c.role is Role.PRODUCTION and c.comparison_key in partners and c.id not in chosen_ids]
+    if shard is not None:
+        index, count = shard
+        groups = sorted({c.comparison_key for c in chosen})
+        mine = {g for i, g in enumerate(groups) if i % count == index}
+        chosen = [c for c in chosen if c.comparison_key in mine]
+    order = {c.id: i for i, c in enumerate(expansion.cells)}
+    chosen.sort(key=lambda c: order[c.id])
+    not_here = tuple(n for n in expansion.not_here if keep(n.cell))
+    return Expansion(cells=tuple(chosen), not_here=not_here, pruned=expansion.pruned)

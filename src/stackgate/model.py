@@ -1,0 +1,363 @@
+"""The resolved concepts, as frozen dataclasses. Strings are parsed before they get here."""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from packaging.version import Version
+
+from stackgate.versions import CudaVariant
+
+
+class Role(str, enum.Enum):
+    PRODUCTION = "production"
+    CANDIDATE = "candidate"
+
+
+class GpuClass(str, enum.Enum):
+    DATACENTER = "datacenter"
+    CONSUMER = "consumer"
+    NONE = "none"
+
+
+class Transport(str, enum.Enum):
+    EFA = "efa"
+    IB = "ib"
+    SOCKET = "socket"
+    NONE = "none"
+
+
+@dataclass(frozen=True)
+class RunnerPool:
+    """A class of machines a cell can run on. `local` is the machine at hand."""
+
+    name: str
+    driver: Version | None
+    gpu_class: GpuClass
+    gpu: str = ""
+    gpus_per_node: int = 0
+    transport: Transport = Transport.NONE
+    nodes: int = 1
+    is_local: bool = False
+
+    @property
+    def has_gpu(self) -> bool:
+        return self.driver is not None and self.gpus_per_node > 0
+
+    @property
+    def tag(self) -> str:
+        return f"drv{self.driver.major}" if self.driver is not None else "cpu"
+
+
+@dataclass(frozen=True)
+class WheelSource:
+    """Where wheels come from. `inherit_pip_config` adds this host's pip find-links and indexes."""
+
+    name: str = "default"
+    index_url: str | None = None
+    extra_index_urls: tuple[str, ...] = ()
+    find_links: tuple[str, ...] = ()
+    inherit_pip_config: bool = True
+    pre: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "index_url": self.index_url,
+            "extra_index_urls": list(self.extra_index_urls),
+            "find_links": list(self.find_links),
+            "inherit_pip_config": self.inherit_pip_config,
+            "pre": self.pre,
+        }
+
+
+@dataclass(frozen=True)
+class Stack:
+    """What goes into one environment (venv or image)."""
+
+    torch: Version
+    cuda: CudaVariant
+    python: str
+    source: WheelSource = field(default_factory=WheelSource)
+    channel: str = "stable"
+    base_image: str = "stackgate/base:bookworm"
+    cuda_compat: bool = False
+    extra_requirements: tuple[str, ...] = ()
+
+    @property
+    def torch_public(self) -> str:
+        """The version without local label: 2.13.0+cpu -> 2.13.0."""
+        return self.torch.public
+
+    def requirement(self, pypi_default: CudaVariant | None) -> str:
+        """The pip requirement for torch. The variant PyPI serves by default carries no local label."""
+        if pypi_default is not None and self.cuda == pypi_default:
+            return f"torch=={self.torch_public}"
+        return f"torch=={self.torch_public}+{self.cuda.tag}"
+
+    @property
+    def label(self) -> str:
+        return f"{self.cuda.tag}-torch{self.torch_public}-py{self.python}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "torch": str(self.torch),
+            "cuda": self.cuda.tag,
+            "python": self.python,
+            "channel": self.channel,
+            "base_image": self.base_image,
+            "cuda_compat": self.cuda_compat,
+            "source": self.source.to_json(),
+            "extra_requirements": list(self.extra_requirements),
+        }
+
+    @property
+    def content_hash(self) -> str:
+        blob = json.dumps(self.to_json(), sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Topology:
+    nodes: int = 1
+    nproc_per_node: int = 1
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.nproc_per_node
+
+    def __str__(self) -> str:
+        return f"{self.nodes}x{self.nproc_per_node}"
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One Stack on one RunnerPool with a topology and a role."""
+
+    stack: Stack
+    pool: RunnerPool
+    topology: Topology
+    role: Role
+    required: bool = False
+
+    @property
+    def id(self) -> str:
+        prefix = "prod-" if self.role is Role.PRODUCTION else ""
+        return f"{prefix}{self.pool.name}-{self.pool.tag}-{self.stack.label}-{self.topology}"
+
+    @property
+    def device(self) -> str:
+        return "cuda" if self.pool.has_gpu else "cpu"
+
+    @property
+    def comparison_key(self) -> tuple[str, str]:
+        """Cells that are compared with each other: same pool, same topology."""
+        return (self.pool.name, str(self.topology))
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "role": self.role.value,
+            "required": self.required,
+            "pool": self.pool.name,
+            "driver": str(self.pool.driver) if self.pool.driver else None,
+            "gpu_class": self.pool.gpu_class.value,
+            "transport": self.pool.transport.value,
+            "device": self.device,
+            "topology": str(self.topology),
+            "stack": self.stack.to_json(),
+        }
+
+
+@dataclass(frozen=True)
+class Pruned:
+    """A cell that cannot exist, with every rule that removed it."""
+
+    cell: Cell
+    reasons: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class NotHere:
+    """A possible cell whose runner pool is not the machine at hand."""
+
+    cell: Cell
+    reason: str
+
+
+@dataclass(frozen=True)
+class EnvPlan:
+    """Cells grouped by Stack: one environment (venv or image) serves many cells."""
+
+    stack: Stack
+    cells: tuple[Cell, ...]
+
+
+class Status(str, enum.Enum):
+    PASSED = "passed"
+    FAILED = "failed"
+    ERROR = "error"
+    TIMEOUT = "timeout"
+    OOM = "oom"
+    CRASHED = "crashed"
+    BUILD_FAILED = "build-failed"
+    INFRA_ERROR = "infra-error"
+    SKIPPED = "skipped"
+    NOT_RUN_HERE = "not-run-here"
+
+    @property
+    def ran(self) -> bool:
+        return self not in (Status.SKIPPED, Status.NOT_RUN_HERE, Status.BUILD_FAILED)
+
+
+@dataclass(frozen=True)
+class TestOutcome:
+    name: str
+    outcome: str  # passed | failed | error | skipped
+    duration_s: float = 0.0
+    message: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "outcome": self.outcome, "duration_s": self.duration_s, "message": self.message}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> TestOutcome:
+        return cls(data["name"], data["outcome"], float(data.get("duration_s", 0.0)), data.get("message", ""))
+
+
+@dataclass(frozen=True)
+class Metric:
+    """A measurement with its samples (repeats). `better` says which direction is good."""
+
+    name: str
+    unit: str
+    samples: tuple[float, ...]
+    test: str = ""
+    better: str = "lower"  # lower | higher | equal
+    tags: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def key(self) -> str:
+        if not self.tags:
+            return self.name
+        return self.name + "[" + ",".join(f"{k}={v}" for k, v in self.tags) + "]"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "unit": self.unit,
+            "samples": list(self.samples),
+            "test": self.test,
+            "better": self.better,
+            "tags": dict(self.tags),
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Metric:
+        samples = data.get("samples")
+        if samples is None:
+            samples = [data["value"]]
+        tags = data.get("tags") or {}
+        return cls(
+            name=str(data["name"]),
+            unit=str(data.get("unit", "")),
+            samples=tuple(float(s) for s in samples),
+            test=str(data.get("test", "")),
+            better=str(data.get("better", "lower")),
+            tags=tuple(sorted((str(k), str(v)) for k, v in tags.items())),
+        )
+
+
+@dataclass(frozen=True)
+class CellResult:
+    cell_id: str
+    role: Role
+    status: Status
+    reason: str = ""
+    tests: tuple[TestOutcome, ...] = ()
+    metrics: tuple[Metric, ...] = ()
+    environment: dict[str, Any] = field(default_factory=dict)
+    warnings: tuple[str, ...] = ()
+    log_tail: str = ""
+    duration_s: float = 0.0
+    cell: dict[str, Any] = field(default_factory=dict)
+
+    def test(self, name: str) -> TestOutcome | None:
+        for outcome in self.tests:
+            if outcome.name == name or outcome.name.endswith("::" + name):
+                return outcome
+        return None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "cell_id": self.cell_id,
+            "role": self.role.value,
+            "status": self.status.value,
+            "reason": self.reason,
+            "duration_s": round(self.duration_s, 3),
+            "cell": self.cell,
+            "tests": [t.to_json() for t in self.tests],
+            "metrics": [m.to_json() for m in self.metrics],
+            "environment": self.environment,
+            "warnings": list(self.warnings),
+            "log_tail": self.log_tail,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> CellResult:
+        return cls(
+            cell_id=data["cell_id"],
+            role=Role(data["role"]),
+            status=Status(data["status"]),
+            reason=data.get("reason", ""),
+            tests=tuple(TestOutcome.from_json(t) for t in data.get("tests", [])),
+            metrics=tuple(Metric.from_json(m) for m in data.get("metrics", [])),
+            environment=data.get("environment", {}),
+            warnings=tuple(data.get("warnings", [])),
+            log_tail=data.get("log_tail", ""),
+            duration_s=float(data.get("duration_s", 0.0)),
+            cell=data.get("cell", {}),
+        )
+
+
+class Decision(str, enum.Enum):
+    GO = "GO"
+    NO_GO = "NO-GO"
+    INCONCLUSIVE = "INCONCLUSIVE"
+
+
+class Severity(str, enum.Enum):
+    BLOCKING = "blocking"
+    INCONCLUSIVE = "inconclusive"
+    WAIVED = "waived"
+    INFO = "info"
+
+
+@dataclass(frozen=True)
+class Reason:
+    severity: Severity
+    message: str
+    cell: str = ""
+    test: str = ""
+    kind: str = ""  # stable machine-readable category: failed-test, regression, numerics, ...
+
+    def to_json(self) -> dict[str, Any]:
+        return {"severity": self.severity.value, "kind": self.kind, "cell": self.cell, "test": self.test,
+                "message": self.message}
+
+
+@dataclass(frozen=True)
+class Verdict:
+    decision: Decision
+    reasons: tuple[Reason, ...]
+
+    @property
+    def blocking(self) -> tuple[Reason, ...]:
+        return tuple(r for r in self.reasons if r.severity is Severity.BLOCKING)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"decision": self.decision.value, "reasons": [r.to_json() for r in self.reasons]}

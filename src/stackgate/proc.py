@@ -1,0 +1,113 @@
+"""The one boundary for subprocesses: log the command, apply a timeout, escalate
+interrupt -> terminate -> kill on the whole process group, keep the output tail."""
+
+from __future__ import annotations
+
+import collections
+import os
+import shlex
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from stackgate.errors import InfraError
+
+TAIL_LINES = 200
+
+
+@dataclass(frozen=True)
+class ProcResult:
+    argv: tuple[str, ...]
+    returncode: int
+    timed_out: bool
+    duration_s: float
+    tail: str
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0 and not self.timed_out
+
+
+def run(
+    argv: Sequence[str],
+    *,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+    timeout_s: float | None = None,
+    on_line: Callable[[str], None] | None = None,
+    log_path: Path | None = None,
+    grace_s: float = 10.0,
+) -> ProcResult:
+    """Run `argv` in its own process group, streaming lines to `on_line` and `log_path`."""
+    start = time.monotonic()
+    tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+    log = log_path.open("a", encoding="utf-8") if log_path else None
+    if log:
+        log.write(f"$ {shlex.join(argv)}\n")
+        log.flush()
+    try:
+        proc = subprocess.Popen(
+            list(argv), env=dict(env) if env is not None else None, cwd=cwd,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            text=True, errors="replace", bufsize=1, start_new_session=True,
+        )
+    except FileNotFoundError as exc:
+        raise InfraError(f"cannot start {argv[0]}: {exc.strerror}", hint="is it installed and on PATH?") from None
+
+    def pump() -> None:
+        assert proc.stdout is not None  # noqa: S101 - Popen contract with stdout=PIPE
+        for line in proc.stdout:
+            line = line.rstrip("\n")
+            tail.append(line)
+            if log:
+                log.write(line + "\n")
+            if on_line:
+                on_line(line)
+
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+    timed_out = False
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        tail.append(f"[stackgate] timeout after {timeout_s:.0f}s: interrupting process group")
+        stop_group(proc, grace_s)
+    except KeyboardInterrupt:
+        stop_group(proc, grace_s)
+        raise
+    finally:
+        reader.join(timeout=5)
+        if log:
+            log.close()
+    return ProcResult(tuple(argv), proc.returncode, timed_out, time.monotonic() - start, "\n".join(tail))
+
+
+def stop_group(proc: subprocess.Popen[str], grace_s: float) -> None:
+    """SIGINT, then SIGTERM, then SIGKILL to the whole group, each after `grace_s`."""
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=grace_s)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def capture(argv: Sequence[str], *, env: Mapping[str, str] | None = None, timeout_s: float = 60) -> str:
+    """Run a short query command and return its stdout; raise InfraError on failure."""
+    try:
+        proc = subprocess.run(list(argv), env=dict(env) if env is not None else None, capture_output=True,
+                              text=True, timeout=timeout_s, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise InfraError(f"{shlex.join(argv)} failed: {exc}") from None
+    if proc.returncode != 0:
+        raise InfraError(f"{shlex.join(argv)} exited {proc.returncode}: {proc.stderr.strip()[-500:]}")
+    return proc.stdout

@@ -1,0 +1,114 @@
+"""Wheel sources: turn a WheelSource (+ this host's pip configuration) into installer arguments,
+and resolve the `nightly` channel to a concrete `.devYYYYMMDD` build."""
+
+from __future__ import annotations
+
+import re
+import sys
+import urllib.parse
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from packaging.utils import InvalidWheelFilename, parse_wheel_filename
+from packaging.version import Version
+
+from stackgate import proc
+from stackgate.errors import ConfigError, InfraError
+from stackgate.model import WheelSource
+
+
+@dataclass(frozen=True)
+class PipConfig:
+    """The parts of pip's configuration an installer must honour: find-links, indexes, cert."""
+
+    index_url: str | None = None
+    extra_index_urls: tuple[str, ...] = ()
+    find_links: tuple[str, ...] = ()
+    cert: str | None = None
+
+
+def read_pip_config(env: Mapping[str, str]) -> PipConfig:
+    """`pip config list` merges files and PIP_* variables; uv ignores them, so we pass them on."""
+    try:
+        text = proc.capture([sys.executable, "-m", "pip", "config", "list"], env=env, timeout_s=60)
+    except InfraError:
+        return PipConfig()
+    return parse_pip_config(text)
+
+
+def parse_pip_config(text: str) -> PipConfig:
+    values: dict[str, str] = {}
+    for line in text.splitlines():
+        match = re.match(r"^[^.]*\.([a-z\-]+)='(.*)'$", line.strip())
+        if match:
+            values.setdefault(match.group(1), match.group(2))
+    return PipConfig(
+        index_url=values.get("index-url"),
+        extra_index_urls=tuple(values.get("extra-index-url", "").split()),
+        find_links=tuple(values.get("find-links", "").split()),
+        cert=values.get("cert"),
+    )
+
+
+def installer_args(source: WheelSource, host: PipConfig) -> list[str]:
+    """uv pip install arguments for this source."""
+    index = source.index_url or (host.index_url if source.inherit_pip_config else None)
+    extras = list(source.extra_index_urls) + (list(host.extra_index_urls) if source.inherit_pip_config else [])
+    links = list(source.find_links) + (list(host.find_links) if source.inherit_pip_config else [])
+    args: list[str] = []
+    if index:
+        args += ["--index-url", index]
+    for url in extras:
+        args += ["--extra-index-url", url]
+    for link in links:
+        args += ["--find-links", link]
+    if extras or links or index:
+        args += ["--index-strategy", "unsafe-best-match"]
+    if source.pre:
+        args += ["--prerelease", "allow"]
+    return args
+
+
+def local_torch_versions(source: WheelSource, host: PipConfig) -> list[Version]:
+    """torch versions offered by the source's local find-links directories and file:// indexes."""
+    found: set[Version] = set()
+    dirs = list(source.find_links) + (list(host.find_links) if source.inherit_pip_config else [])
+    for d in dirs:
+        path = Path(d[7:] if d.startswith("file://") else d)
+        if path.is_dir():
+            found.update(_versions_in_names(p.name for p in path.glob("torch-*.whl")))
+    indexes = [source.index_url, *source.extra_index_urls]
+    if source.inherit_pip_config:
+        indexes += [host.index_url, *host.extra_index_urls]
+    for url in indexes:
+        if url and url.startswith("file://"):
+            page = Path(urllib.parse.urlparse(url).path) / "torch" / "index.html"
+            if page.is_file():
+                found.update(_versions_in_names(re.findall(r">(torch-[^<]+\.whl)<", page.read_text(errors="replace"))))
+    return sorted(found)
+
+
+def _versions_in_names(names: object) -> set[Version]:
+    out: set[Version] = set()
+    for name in names:  # type: ignore[attr-defined]
+        try:
+            out.add(parse_wheel_filename(str(name))[1])
+        except InvalidWheelFilename:
+            continue
+    return out
+
+
+def resolve_nightly(source: WheelSource, host: PipConfig, explicit: str | None = None) -> Version:
+    """The newest `.dev` torch the source offers, or the explicit `--nightly-version`."""
+    if explicit:
+        from stackgate.versions import parse_torch
+        return parse_torch(explicit, what="nightly version")
+    devs = [v for v in local_torch_versions(source, host) if v.dev is not None]
+    if not devs:
+        raise ConfigError(
+            "the nightly channel found no .dev torch build in the configured wheel source",
+            hint="pass --find-links DIR (a wheelhouse with torch-X.Y.Z.devYYYYMMDD wheels) or "
+                 "--nightly-version 2.15.0.devYYYYMMDD with --index-url URL",
+        )
+    return max(devs)
