@@ -26,14 +26,16 @@ def test_compile_matches_eager_and_captures_a_graph(expect) -> None:
     compile_s = time.perf_counter() - t0
     ref = model(x)
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
-    t0 = time.perf_counter()
+    calls = []
     for _ in range(20):
+        t0 = time.perf_counter()
         compiled(x)
-    if device == "cuda":
-        torch.cuda.synchronize()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        calls.append((time.perf_counter() - t0) * 1e3)
     record.metric("compile.time", compile_s, "s", test="compile", better="lower")
     record.metric("compile.graphs", explain.graph_count, "graphs", test="compile", better="equal")
-    record.metric("compile.step_time", (time.perf_counter() - t0) / 20 * 1e3, "ms", test="compile", better="lower")
+    record.metric("compile.call_time", calls, "ms", test="compile", better="lower")
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])

@@ -15,13 +15,13 @@ from packaging.version import Version
 from stackgate import tomlfile
 from stackgate.errors import ConfigError
 from stackgate.model import GpuClass
-from stackgate.versions import CudaVariant, parse_driver, parse_python, parse_torch, release_series
+from stackgate.versions import CudaVariant, Driver, parse_driver, parse_python, parse_torch, release_series
 
 
 @dataclass(frozen=True)
 class DriverRule:
     key: str
-    min_driver: Version
+    min_driver: Driver
     source: str
 
 
@@ -38,7 +38,7 @@ class CompatTable:
     path: Path
     drivers: dict[str, DriverRule]
     forward_compat_classes: tuple[GpuClass, ...]
-    forward_compat_min_driver: Version
+    forward_compat_min_driver: Driver
     forward_compat_source: str
     torch: dict[str, TorchRelease]
 
@@ -133,7 +133,7 @@ def check(
     torch: Version,
     cuda: CudaVariant,
     python: str | None = None,
-    driver: Version | None = None,
+    driver: Driver | None = None,
     gpu_class: GpuClass = GpuClass.DATACENTER,
     has_compat_package: bool = False,
 ) -> Compatibility:

@@ -33,7 +33,7 @@ from stackgate.model import (
     Transport,
     WheelSource,
 )
-from stackgate.versions import CudaVariant, parse_driver, parse_python, parse_torch
+from stackgate.versions import CudaVariant, Driver, parse_driver, parse_python, parse_torch
 
 _TOPOLOGY = re.compile(r"^(\d+)x(\d+)$")
 _DATACENTER = re.compile(r"\b(A100|A10G?|A30|A40|H100|H200|H20|B100|B200|GB200|L4|L40S?|T4|V100)\b", re.I)
@@ -43,7 +43,7 @@ _DATACENTER = re.compile(r"\b(A100|A10G?|A30|A40|H100|H200|H20|B100|B200|GB200|L
 class LocalHost:
     """What the machine at hand offers, from nvidia-smi (or nothing)."""
 
-    driver: Version | None = None
+    driver: Driver | None = None
     gpu: str = ""
     gpu_count: int = 0
 
@@ -361,7 +361,10 @@ def expand(
     for candidate in list(cells.values()):
         stack = production.stack_for(candidate.pool, source)
         prod = Cell(stack=stack, pool=candidate.pool, topology=candidate.topology, role=Role.PRODUCTION)
-        _admit(prod, table, ("*",), cells, pruned, None)
+        # a baseline is required exactly when a required candidate is compared with it
+        partners_required = any(c.required for c in cells.values()
+                                if c.role is Role.CANDIDATE and c.comparison_key == prod.comparison_key)
+        _admit(prod, table, ("*",) if partners_required else (), cells, pruned, None)
 
     ordered = sorted(cells.values(), key=lambda c: (c.pool.name, str(c.topology), c.role is Role.CANDIDATE, c.id))
     here = tuple(c for c in ordered if c.pool.is_local)
@@ -386,7 +389,7 @@ def _admit(cell: Cell, table: compat_mod.CompatTable, required: Iterable[str], c
     if reasons:
         pruned[cell.id] = Pruned(cell=cell, reasons=tuple(reasons))
         return
-    is_required = cell.role is Role.PRODUCTION or any(fnmatch.fnmatchcase(cell.id, g) for g in required)
+    is_required = any(fnmatch.fnmatchcase(cell.id, g) for g in required)
     cells[cell.id] = replace(cell, required=is_required)
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from packaging.version import Version
 
-from stackgate.versions import CudaVariant
+from stackgate.versions import CudaVariant, Driver
 
 
 class Role(str, enum.Enum):
@@ -36,7 +36,7 @@ class RunnerPool:
     """A class of machines a cell can run on. `local` is the machine at hand."""
 
     name: str
-    driver: Version | None
+    driver: Driver | None
     gpu_class: GpuClass
     gpu: str = ""
     gpus_per_node: int = 0
@@ -216,6 +216,8 @@ class Status(str, enum.Enum):
 
 @dataclass(frozen=True)
 class TestOutcome:
+    __test__ = False  # not a pytest test class
+
     name: str
     outcome: str  # passed | failed | error | skipped
     duration_s: float = 0.0

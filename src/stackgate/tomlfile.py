@@ -80,6 +80,8 @@ def loads(text: str, path: Path) -> Doc:
     except tomllib.TOMLDecodeError as exc:
         match = _TOML_POS.search(str(exc))
         line = int(match.group(1)) if match else None
+        if line is None and "end of document" in str(exc):
+            line = max(len(text.splitlines()), 1)
         message = _TOML_POS.sub("", str(exc)).strip()
         raise ConfigError(f"malformed TOML: {message}", path=path, line=line) from None
     return Doc(path=path, data=data, lines=tuple(text.splitlines()))

@@ -92,16 +92,42 @@ def _variant_key(variant: CudaVariant) -> tuple[int, Version]:
     return (1, version) if version is not None else (0, Version("0"))
 
 
-def parse_driver(text: str) -> Version:
+@total_ordering
+@dataclass(frozen=True)
+class Driver:
+    """An NVIDIA driver version, compared numerically, printed as written (580.65.06, not 580.65.6)."""
+
+    text: str
+
+    @property
+    def version(self) -> Version:
+        return Version(self.text)
+
+    @property
+    def major(self) -> int:
+        return self.version.major
+
+    def __lt__(self, other: object) -> bool:
+        if not isinstance(other, Driver):
+            return NotImplemented
+        return self.version < other.version
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Driver) and self.version == other.version
+
+    def __hash__(self) -> int:
+        return hash(self.version)
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def parse_driver(text: str) -> Driver:
     """NVIDIA driver versions: `580`, `580.65.06`, `525.60.13`."""
     text = str(text).strip()
     if not _DRIVER.match(text):
         raise ConfigError(f"unparseable NVIDIA driver version {text!r}", hint="for example 580.65.06")
-    return Version(text)
-
-
-def driver_branch(driver: Version) -> int:
-    return driver.major
+    return Driver(text)
 
 
 def parse_python(text: str) -> str:

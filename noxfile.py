@@ -1,0 +1,55 @@
+"""Thin sessions: one per verb; the logic lives in the stackgate package."""
+
+from __future__ import annotations
+
+import nox
+
+nox.options.default_venv_backend = "uv|virtualenv"
+nox.options.sessions = ["tests", "lint"]
+nox.options.reuse_existing_virtualenvs = True
+
+PYTHON = "3.11"
+
+
+def _stackgate(session: nox.Session, *args: str) -> None:
+    session.install("-e", ".")
+    session.run("stackgate", *args, *session.posargs, external=False)
+
+
+@nox.session(name="upgrade-torch", python=PYTHON)
+def upgrade_torch(session: nox.Session) -> None:
+    """Production vs a candidate torch (default from matrix/upgrade.toml; `-- --candidate X`)."""
+    _stackgate(session, "run", "--matrix", "matrix/upgrade.toml")
+
+
+@nox.session(python=PYTHON)
+def nightly(session: nox.Session) -> None:
+    """Production vs the torch nightly (`-- --find-links DIR` or `--index-url URL`)."""
+    _stackgate(session, "run", "--matrix", "matrix/nightly.toml")
+
+
+@nox.session(python=PYTHON)
+def matrix(session: nox.Session) -> None:
+    """Print the expanded matrix with the reason for every pruned or not-run cell."""
+    _stackgate(session, "matrix", "show")
+
+
+@nox.session(python=PYTHON)
+def selftest(session: nox.Session) -> None:
+    """Inject known faults into recorded results and check the gate catches each."""
+    _stackgate(session, "selftest")
+
+
+@nox.session(python=PYTHON)
+def tests(session: nox.Session) -> None:
+    """The harness's tests: unit tier, then the real torch tier (builds a torch venv on first use)."""
+    session.install("-e", ".")
+    session.run("pytest", *(session.posargs or ["tests"]))
+
+
+@nox.session(python=PYTHON)
+def lint(session: nox.Session) -> None:
+    """ruff and mypy --strict on the package."""
+    session.install("-e", ".", "ruff", "mypy")
+    session.run("ruff", "check", "src", "tests", "noxfile.py")
+    session.run("mypy")

@@ -1,0 +1,70 @@
+"""The backend protocol and what every backend shares."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from stackgate.model import Cell, CellResult, Stack
+from stackgate.suite import SuiteSpec
+
+
+@dataclass(frozen=True)
+class EnvHandle:
+    """A prepared environment: a venv's python or an image tag, with what was installed."""
+
+    stack: Stack
+    ref: str  # venv python path, or image tag
+    key: str  # content hash of everything that went in
+    reused: bool
+    prepare_s: float
+    sbom: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """Where a cell writes, and how the run is configured."""
+
+    run_id: str
+    run_dir: Path
+    suite: SuiteSpec
+    on_line: Callable[[str], None] | None = None
+
+    def cell_dir(self, cell: Cell, phase: str = "main") -> Path:
+        path = self.run_dir / "cells" / (cell.id if phase == "main" else f"{cell.id}@{phase}")
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def artifacts_dir(self, cell: Cell) -> Path:
+        """Shared by the production and candidate cells that are compared with each other."""
+        pool, topo = cell.comparison_key
+        path = self.run_dir / "artifacts" / f"{pool}-{topo}"
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+
+class PrepareFailed(Exception):
+    """An environment could not be built; the cells that need it become build-failed."""
+
+    def __init__(self, message: str, log_tail: str = "") -> None:
+        super().__init__(message)
+        self.log_tail = log_tail
+
+
+class Backend(Protocol):
+    name: str
+
+    def prepare(self, stack: Stack, log_path: Path) -> EnvHandle: ...
+
+    def run(self, cell: Cell, handle: EnvHandle, ctx: RunContext, phase: str = "main") -> CellResult: ...
+
+    def close(self) -> None: ...
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

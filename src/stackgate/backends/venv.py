@@ -1,0 +1,132 @@
+"""The `venv` backend: one virtualenv per stack (uv), cached by a content hash of what went in.
+Multi-node cells run one pytest process per node on this host, meeting over c10d on loopback."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+from stackgate import proc, suite
+from stackgate.backends.base import EnvHandle, PrepareFailed, RunContext, free_port
+from stackgate.compat import CompatTable
+from stackgate.model import Cell, CellResult, Stack
+from stackgate.sources import PipConfig, installer_args
+
+SUITE_REQUIREMENTS = ("numpy", "pytest")
+MARKER = "stackgate-env.json"
+
+
+class VenvBackend:
+    name = "venv"
+
+    def __init__(self, cache_dir: Path, compat: CompatTable, host_pip: PipConfig, env: Mapping[str, str],
+                 *, suite_requirements: tuple[str, ...] = SUITE_REQUIREMENTS) -> None:
+        self.cache_dir = cache_dir / "envs"
+        self.compat = compat
+        self.host_pip = host_pip
+        self.env = dict(env)
+        self.suite_requirements = suite_requirements
+
+    # ------------------------------------------------------------------------------------ prepare
+    def requirements(self, stack: Stack) -> list[str]:
+        release = self.compat.release(stack.torch)
+        torch_req = stack.requirement(release.pypi_default if release else None)
+        return [torch_req, *self.suite_requirements, *stack.extra_requirements]
+
+    def key(self, stack: Stack) -> str:
+        blob = json.dumps({"stack": stack.to_json(), "requirements": self.requirements(stack),
+                           "installer": installer_args(stack.source, self.host_pip)}, sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    def prepare(self, stack: Stack, log_path: Path) -> EnvHandle:
+        start = time.monotonic()
+        key = self.key(stack)
+        root = self.cache_dir / f"{stack.label}-{key}"
+        python = root / "bin" / "python"
+        marker = root / MARKER
+        if marker.exists() and python.exists():
+            sbom = json.loads(marker.read_text())
+            return EnvHandle(stack, str(python), key, reused=True, prepare_s=time.monotonic() - start, sbom=sbom)
+        staging = root.with_name(root.name + ".partial")
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.parent.mkdir(parents=True, exist_ok=True)
+        uv = [sys.executable, "-m", "uv"]
+        steps = [
+            [*uv, "venv", "--quiet", "--python", stack.python, str(staging)],
+            [*uv, "pip", "install", "--python", str(staging / "bin" / "python"),
+             *installer_args(stack.source, self.host_pip), *self.requirements(stack)],
+        ]
+        env = {**self.env, "UV_PYTHON_DOWNLOADS": "never", "VIRTUAL_ENV": str(staging)}
+        for argv in steps:
+            result = proc.run(argv, env=env, timeout_s=3600, log_path=log_path)
+            if not result.ok:
+                shutil.rmtree(staging, ignore_errors=True)
+                raise PrepareFailed(f"installing {stack.label} failed (exit {result.returncode})", result.tail)
+        freeze = proc.capture([*uv, "pip", "freeze", "--python", str(staging / "bin" / "python")], env=env)
+        sbom = {"key": key, "requirements": self.requirements(stack), "packages": freeze.split(),
+                "python": stack.python, "kind": "venv", "created": time.time()}
+        # the venv must be relocatable for the rename: uv venvs are (no absolute shebang use here)
+        (staging / MARKER).write_text(json.dumps(sbom, indent=1))
+        shutil.rmtree(root, ignore_errors=True)
+        staging.rename(root)
+        _fix_activation_paths(root, staging)
+        return EnvHandle(stack, str(python), key, reused=False, prepare_s=time.monotonic() - start, sbom=sbom)
+
+    # ---------------------------------------------------------------------------------------- run
+    def run(self, cell: Cell, handle: EnvHandle, ctx: RunContext, phase: str = "main") -> CellResult:
+        workdir = ctx.cell_dir(cell, phase)
+        for old in [*workdir.glob("junit-node*.xml"), *workdir.glob("results-node*.jsonl")]:
+            old.unlink()
+        shared = workdir / "shared"
+        shared.mkdir(exist_ok=True)
+        endpoint = f"127.0.0.1:{free_port()}" if cell.topology.nodes > 1 else ""
+        venv_bin = str(Path(handle.ref).parent)
+        results: list[proc.ProcResult | None] = [None] * cell.topology.nodes
+        start = time.monotonic()
+
+        def node(i: int) -> None:
+            env = {**self.env, **suite.suite_env(
+                cell, results=workdir / f"results-node{i}.jsonl", artifacts=ctx.artifacts_dir(cell),
+                shared=shared, profile=ctx.suite.profile, run_id=ctx.run_id, node_rank=i, endpoint=endpoint,
+                phase=phase)}
+            env["PATH"] = venv_bin + os.pathsep + env.get("PATH", "")
+            env["VIRTUAL_ENV"] = str(Path(venv_bin).parent)
+            argv = suite.pytest_argv(handle.ref, ctx.suite, workdir / f"junit-node{i}.xml", phase)
+            results[i] = proc.run(argv, env=env, cwd=ctx.suite.path, timeout_s=ctx.suite.timeout_s,
+                                  on_line=ctx.on_line if i == 0 else None, log_path=workdir / f"node{i}.log")
+
+        threads = [threading.Thread(target=node, args=(i,), daemon=True) for i in range(cell.topology.nodes)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        procs = [r for r in results if r is not None]
+        return suite.build_result(cell, procs, workdir, time.monotonic() - start, phase,
+                                  extra_env={"backend": "venv", "env_key": handle.key})
+
+    def close(self) -> None:
+        return None
+
+
+def _fix_activation_paths(root: Path, staging: Path) -> None:
+    """Scripts written by the installer name the staging path; point them at the final one."""
+    old, new = str(staging), str(root)
+    for script in (root / "bin").iterdir():
+        if not script.is_file() or script.is_symlink():
+            continue
+        try:
+            text = script.read_text()
+        except (UnicodeDecodeError, OSError):
+            continue
+        if old in text:
+            script.write_text(text.replace(old, new))
+    cfg = root / "pyvenv.cfg"
+    if cfg.exists():
+        cfg.write_text(cfg.read_text().replace(old, new))

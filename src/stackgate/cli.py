@@ -1,0 +1,181 @@
+"""The `stackgate` command. One catch site: every StackgateError becomes its exit code here."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from stackgate import __version__
+from stackgate.errors import ExitCode, StackgateError
+
+
+def _add_run_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--matrix", help="matrix file (default matrix/upgrade.toml)")
+    p.add_argument("--config-dir", help="directory with compat/fleet/production/policy TOML (default matrix)")
+    p.add_argument("--backend", choices=["auto", "venv", "docker"])
+    p.add_argument("--candidate", help="candidate torch version (replaces the matrix's torch axis)")
+    p.add_argument("--only", action="append", default=[], metavar="GLOB", help="run only cells matching (repeatable)")
+    p.add_argument("--shard", metavar="I/N", help="run shard I of N (pairs of cells stay together)")
+    p.add_argument("--profile", choices=["default", "quick"])
+    p.add_argument("--timeout", type=float, help="per-cell timeout in seconds")
+    p.add_argument("--reports", help="reports directory (default reports)")
+    p.add_argument("--run-id")
+    p.add_argument("--resume", metavar="RUN_ID", help="continue a run; finished cells are skipped")
+    p.add_argument("--cache-dir", help="where environments are cached (default ~/.cache/stackgate)")
+    p.add_argument("--suite", help="pytest suite to run in each stack (default: the bundled integration_tests)")
+    p.add_argument("--pytest-arg", dest="pytest_args", action="append", default=[], help="extra pytest argument")
+    p.add_argument("--index-url")
+    p.add_argument("--extra-index-url", action="append", default=[])
+    p.add_argument("--find-links", action="append", default=[])
+    p.add_argument("--nightly-version", help="pin the nightly build, e.g. 2.15.0.dev20261128")
+    p.add_argument("--history", help="history database (default reports/history.sqlite)")
+    p.add_argument("--no-rollback", dest="rollback", action="store_false", default=None,
+                   help="skip the rollback phase (production reading the candidate's artifacts)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="stackgate", description="GO / NO-GO for ML stack upgrades")
+    parser.add_argument("--version", action="version", version=f"stackgate {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run a matrix and decide")
+    _add_run_options(run)
+
+    comp = sub.add_parser("compat", help="compatibility rules").add_subparsers(dest="compat_command", required=True)
+    check = comp.add_parser("check", help="can this driver run this CUDA build of this torch?")
+    check.add_argument("--driver", help="NVIDIA driver version (omit for a CPU runner)")
+    check.add_argument("--cuda", required=True, help="CUDA version or variant: 13.0, cu130, cpu")
+    check.add_argument("--torch", required=True)
+    check.add_argument("--python")
+    check.add_argument("--gpu-class", default="datacenter", choices=["datacenter", "consumer", "none"])
+    check.add_argument("--compat-package", action="store_true", help="the image carries cuda-compat")
+    check.add_argument("--compat-file", default="matrix/compat.toml")
+    check.add_argument("--json", action="store_true")
+
+    mx = sub.add_parser("matrix", help="matrix tools").add_subparsers(dest="matrix_command", required=True)
+    show = mx.add_parser("show", help="print the expanded matrix with reasons")
+    show.add_argument("file", nargs="?", default="matrix/upgrade.toml")
+    show.add_argument("--config-dir", default="matrix")
+    show.add_argument("--candidate")
+    show.add_argument("--only", action="append", default=[])
+    show.add_argument("--json", action="store_true")
+
+    hist = sub.add_parser("history", help="list past runs")
+    hist.add_argument("--history", default="reports/history.sqlite")
+    hist.add_argument("--limit", type=int, default=20)
+    hist.add_argument("--matrix")
+    hist.add_argument("--json", action="store_true")
+
+    st = sub.add_parser("selftest", help="inject known faults and check the gate catches each")
+    st.add_argument("--json", action="store_true")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return _dispatch(args)
+    except StackgateError as exc:
+        print(exc.render(), file=sys.stderr)
+        return int(exc.exit_code)
+    except KeyboardInterrupt:
+        print("interrupted; results written so far are kept", file=sys.stderr)
+        return 130
+    except OSError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return int(ExitCode.INFRA)
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    if args.command == "run":
+        from stackgate import options, pipeline
+        cli = {k: v for k, v in vars(args).items() if k != "command"}
+        opts = options.resolve(cli, os.environ, Path("stackgate.toml"))
+        return pipeline.run(opts, dict(os.environ))
+    if args.command == "compat":
+        return _compat_check(args)
+    if args.command == "matrix":
+        return _matrix_show(args)
+    if args.command == "history":
+        return _history(args)
+    if args.command == "selftest":
+        from stackgate import selftest
+        return selftest.main(as_json=args.json)
+    raise AssertionError(args.command)  # pragma: no cover - argparse enforces the choices
+
+
+def _compat_check(args: argparse.Namespace) -> int:
+    from stackgate import compat
+    table = compat.load_compat(Path(args.compat_file))
+    result = compat.check_strings(table, torch=args.torch, cuda=args.cuda, driver=args.driver, python=args.python,
+                                  gpu_class=args.gpu_class, compat_package=args.compat_package)
+    if args.json:
+        print(json.dumps(result.to_json(), indent=2))
+    else:
+        what = f"torch {args.torch} / CUDA {args.cuda} on driver {args.driver or 'none (CPU)'} ({args.gpu_class})"
+        print(f"{'compatible' if result.ok else 'NOT compatible'}: {what}")
+        for o in result.outcomes:
+            print(f"  [{'ok' if o.ok else 'FAIL'}] {o.rule}: {o.detail}")
+    return 0 if result.ok else 1
+
+
+def _matrix_show(args: argparse.Namespace) -> int:
+    from stackgate import compat, matrix, sources
+    from stackgate.versions import parse_torch
+    cfg = Path(args.config_dir)
+    table = compat.load_compat(cfg / "compat.toml")
+    spec = matrix.load_matrix(Path(args.file))
+    production = matrix.load_production(cfg / "production.toml")
+    pools = matrix.load_pools(cfg / "fleet.toml", matrix.detect_local())
+    wanted = [args.candidate] if args.candidate else list(spec.torch)
+    torches = [sources.resolve_nightly(spec.source, sources.read_pip_config(dict(os.environ))) if t == "nightly"
+               else parse_torch(t) for t in wanted]
+    exp = matrix.select(matrix.expand(spec, pools, production, table, torch_versions=torches), args.only)
+    if args.json:
+        print(json.dumps(render_matrix_json(exp), indent=2))
+        return 0
+    print(render_matrix_text(exp))
+    return 0
+
+
+def render_matrix_json(exp: object) -> dict[str, object]:
+    from stackgate.matrix import Expansion
+    assert isinstance(exp, Expansion)  # noqa: S101 - internal call
+    return {
+        "cells": [c.to_json() for c in exp.cells],
+        "not_run_here": [{**n.cell.to_json(), "reason": n.reason} for n in exp.not_here],
+        "pruned": [{**p.cell.to_json(), "reasons": list(p.reasons)} for p in exp.pruned],
+    }
+
+
+def render_matrix_text(exp: object) -> str:
+    from stackgate.matrix import Expansion
+    assert isinstance(exp, Expansion)  # noqa: S101 - internal call
+    lines = [f"{'cell':60} {'role':10} {'req':4} status"]
+    for c in exp.cells:
+        lines.append(f"{c.id:60} {c.role.value:10} {'yes' if c.required else 'no':4} runs here")
+    for n in exp.not_here:
+        lines.append(f"{n.cell.id:60} {n.cell.role.value:10} {'yes' if n.cell.required else 'no':4} not run here: "
+                     f"{n.reason}")
+    for p in exp.pruned:
+        lines.append(f"{p.cell.id:60} {p.cell.role.value:10} {'-':4} pruned: {'; '.join(p.reasons)}")
+    return "\n".join(lines)
+
+
+def _history(args: argparse.Namespace) -> int:
+    from stackgate import history
+    rows = history.runs(Path(args.history), args.limit, args.matrix)
+    if args.json:
+        print(json.dumps([r.__dict__ for r in rows], indent=2))
+        return 0
+    if not rows:
+        print(f"no runs recorded in {args.history}")
+        return 0
+    print(f"{'run':45} {'matrix':15} {'channel':8} {'decision':13} candidate")
+    for r in rows:
+        print(f"{r.run_id:45} {r.matrix:15} {r.channel:8} {r.decision:13} {r.candidate}")
+    return 0

@@ -1,0 +1,95 @@
+"""Run history in an embedded SQLite database (default reports/history.sqlite)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sqlite3
+import statistics
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from stackgate.model import CellResult, Role
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+  run_id TEXT PRIMARY KEY, matrix TEXT, channel TEXT, started TEXT, finished TEXT,
+  decision TEXT, verdict TEXT, candidate TEXT, summary TEXT
+);
+CREATE TABLE IF NOT EXISTS metrics (
+  run_id TEXT, cell_id TEXT, role TEXT, metric TEXT, unit TEXT, median REAL, n INTEGER,
+  PRIMARY KEY (run_id, cell_id, metric)
+);
+"""
+
+TREND_METRICS = ("recsys.step_time", "vit.step_time", "recsys.throughput", "vit.peak_memory",
+                 "avg_busbw[collective=all_reduce*", "compile.time")
+
+
+@dataclass(frozen=True)
+class RunRow:
+    run_id: str
+    matrix: str
+    channel: str
+    started: str
+    decision: str
+    candidate: str
+    summary: str
+
+
+@contextlib.contextmanager
+def connect(path: Path) -> Iterator[sqlite3.Connection]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    conn = sqlite3.connect(path)
+    try:
+        conn.executescript(SCHEMA)
+        yield conn
+        conn.commit()
+    finally:
+        conn.close()
+
+
+def record(path: Path, *, run_id: str, matrix: str, channel: str, started: str, finished: str, decision: str,
+           verdict: str, candidate: str, results: Sequence[CellResult], summary: dict[str, int]) -> None:
+    with connect(path) as conn:
+        conn.execute("INSERT OR REPLACE INTO runs VALUES (?,?,?,?,?,?,?,?,?)",
+                     (run_id, matrix, channel, started, finished, decision, verdict, candidate, json.dumps(summary)))
+        conn.execute("DELETE FROM metrics WHERE run_id = ?", (run_id,))
+        rows = []
+        for result in results:
+            for m in result.metrics:
+                if m.samples and m.better != "equal":
+                    rows.append((run_id, result.cell_id, result.role.value, m.key, m.unit,
+                                 statistics.median(m.samples), len(m.samples)))
+        conn.executemany("INSERT OR REPLACE INTO metrics VALUES (?,?,?,?,?,?,?)", rows)
+
+
+def runs(path: Path, limit: int = 20, matrix: str | None = None) -> list[RunRow]:
+    if not path.exists():
+        return []
+    with connect(path) as conn:
+        query = "SELECT run_id, matrix, channel, started, decision, candidate, summary FROM runs"
+        args: tuple[object, ...] = ()
+        if matrix:
+            query += " WHERE matrix = ?"
+            args = (matrix,)
+        query += " ORDER BY started DESC, run_id DESC LIMIT ?"
+        return [RunRow(*row) for row in conn.execute(query, (*args, limit))]
+
+
+def trends(path: Path, *, channel: str, matrix: str, limit: int = 10) -> dict[str, list[tuple[str, float]]]:
+    """Median of each key metric over the candidate cells of the last runs of the same channel."""
+    if not path.exists():
+        return {}
+    out: dict[str, list[tuple[str, float]]] = {}
+    with connect(path) as conn:
+        ids = [r[0] for r in conn.execute(
+            "SELECT run_id FROM runs WHERE channel = ? AND matrix = ? ORDER BY started DESC, run_id DESC LIMIT ?",
+            (channel, matrix, limit))]
+        for run_id in reversed(ids):
+            for metric, median in conn.execute(
+                    "SELECT metric, median FROM metrics WHERE run_id = ? AND role = ?", (run_id, Role.CANDIDATE.value)):
+                if any(metric.startswith(prefix.rstrip("*")) for prefix in TREND_METRICS):
+                    out.setdefault(metric, []).append((run_id, float(median)))
+    return {k: v for k, v in out.items() if len(v) >= 1}

@@ -1,0 +1,265 @@
+"""The pipeline: load -> expand -> select -> plan -> prepare -> run cells -> collect -> decide -> report."""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+import secrets
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from packaging.version import Version
+
+from stackgate import compat as compat_mod
+from stackgate import gate, history, matrix, results, sources
+from stackgate.backends.base import Backend, EnvHandle, PrepareFailed, RunContext
+from stackgate.errors import ConfigError, ExitCode, InfraError
+from stackgate.model import Cell, CellResult, Role, Status, WheelSource
+from stackgate.options import Options, parse_shard
+from stackgate.plan import plan_envs, run_order
+from stackgate.policy import Policy, load_policy
+from stackgate.report import html_report, json_report, junit, markdown
+from stackgate.report.data import RunReport, counts, now, stack_diffs
+from stackgate.suite import BUNDLED_SUITE, SuiteSpec
+from stackgate.versions import parse_torch
+
+Printer = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Loaded:
+    table: compat_mod.CompatTable
+    spec: matrix.MatrixSpec
+    production: matrix.Production
+    pools: dict[str, matrix.RunnerPool]
+    policy: Policy
+    source: WheelSource
+    host_pip: sources.PipConfig
+    torch: tuple[Version, ...]
+
+
+def load(opts: Options, env: Mapping[str, str], local: matrix.LocalHost) -> Loaded:
+    cfg = opts.config_dir
+    table = compat_mod.load_compat(cfg / "compat.toml")
+    spec = matrix.load_matrix(opts.matrix)
+    production = matrix.load_production(cfg / "production.toml")
+    pools = matrix.load_pools(cfg / "fleet.toml", local)
+    policy = load_policy(cfg / "policy.toml")
+    source = spec.source
+    if opts.index_url or opts.find_links or opts.extra_index_url:
+        source = replace(source, index_url=opts.index_url or source.index_url,
+                         find_links=tuple(opts.find_links) + source.find_links,
+                         extra_index_urls=tuple(opts.extra_index_url) + source.extra_index_urls)
+    host_pip = sources.read_pip_config(env)
+    wanted = (opts.candidate,) if opts.candidate else spec.torch
+    versions = []
+    for text in wanted:
+        if text == "nightly":
+            versions.append(sources.resolve_nightly(source, host_pip, opts.nightly_version))
+        else:
+            versions.append(parse_torch(text, what="candidate torch version"))
+    for v in versions:
+        if table.release(v) is None:
+            raise ConfigError(f"torch {v} is not a release known to {table.path}",
+                              hint=f"add a [torch.\"{v.major}.{v.minor}\"] row, or pick one of "
+                                   f"{', '.join(sorted(table.torch))}")
+        if v.public and Version(v.public) < Version(production.torch.public):
+            raise ConfigError(f"candidate torch {v} is older than production {production.torch} "
+                              f"({production.path})", hint="a rollback test is the production run; pass a newer candidate")
+    return Loaded(table, spec, production, pools, policy, source, host_pip, tuple(versions))
+
+
+def make_backend(opts: Options, loaded: Loaded, env: Mapping[str, str], say: Printer) -> Backend:
+    from stackgate.backends.venv import VenvBackend
+    if opts.backend == "docker":
+        raise ConfigError("the docker backend is not available in this version of stackgate",
+                          hint="use --backend venv (or auto); the Docker backend is tracked in issue #3")
+    if opts.backend == "auto":
+        say("backend: venv (the Docker backend is not available yet; see issue #3)")
+    return VenvBackend(opts.cache_dir, loaded.table, loaded.host_pip, env)
+
+
+def new_run_id(matrix_name: str) -> str:
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    return f"{stamp}-{re.sub(r'[^a-z0-9]+', '-', matrix_name.lower())}-{secrets.token_hex(2)}"
+
+
+class Progress:
+    """One line per test result while a cell runs: which cell, which test, elapsed time."""
+
+    _RESULT = re.compile(r"^(\S+::\S+)\s+(PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS)")
+
+    def __init__(self, say: Printer) -> None:
+        self.say = say
+        self.cell = ""
+        self.start = time.monotonic()
+
+    def begin(self, cell: str) -> None:
+        self.cell, self.start = cell, time.monotonic()
+
+    def line(self, text: str) -> None:
+        m = self._RESULT.match(text)
+        if m:
+            elapsed = time.monotonic() - self.start
+            self.say(f"  [{self.cell} {int(elapsed) // 60:02d}:{int(elapsed) % 60:02d}] {m.group(1)} {m.group(2)}")
+
+
+def run(opts: Options, env: Mapping[str, str], say: Printer = print) -> int:
+    local = matrix.detect_local()
+    loaded = load(opts, env, local)
+    expansion = matrix.expand(loaded.spec, loaded.pools, loaded.production, loaded.table,
+                              torch_versions=loaded.torch, source=loaded.source)
+    chosen = matrix.select(expansion, opts.only, parse_shard(opts.shard))
+    if not chosen.cells:
+        away = "; ".join(f"{n.cell.id}: {n.reason}" for n in chosen.not_here[:3])
+        raise ConfigError(f"the matrix {opts.matrix} has zero cells that can run on this machine"
+                          + (f" (--only {' '.join(opts.only)})" if opts.only else ""),
+                          hint=(f"not run here: {away}" if away else "check --only and the matrix axes")
+                          + f"; pruned: {len(chosen.pruned)}")
+
+    if opts.resume:
+        run_dir = results.resume_dir(opts.reports, opts.resume)
+        run_id = opts.resume
+    else:
+        run_id = opts.run_id or new_run_id(loaded.spec.name)
+        run_dir = opts.reports / run_id
+        if (run_dir / results.RESULTS).exists():
+            raise ConfigError(f"run {run_id} already has results in {run_dir}", hint="use --resume to continue it")
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InfraError(f"cannot create {run_dir}: {exc.strerror}") from None
+    done = results.read(run_dir)
+    started = now()
+    say(f"stackgate {loaded.spec.name}: run {run_id}, {len(chosen.cells)} cell(s) here, "
+        f"{len(chosen.not_here)} not run here, {len(chosen.pruned)} pruned -> {run_dir}")
+    for cell in chosen.not_here:
+        say(f"  not run here: {cell.cell.id}")
+
+    backend = make_backend(opts, loaded, env, say)
+    suite = SuiteSpec(path=(opts.suite or BUNDLED_SUITE).resolve(), pytest_args=tuple(opts.pytest_args),
+                      profile=opts.profile, timeout_s=opts.timeout)
+    if not suite.path.exists():
+        raise ConfigError(f"suite path {suite.path} does not exist", hint="--suite PATH to your pytest suite")
+    progress = Progress(say)
+    ctx = RunContext(run_id=run_id, run_dir=run_dir, suite=suite, on_line=progress.line)
+    interrupted = False
+    try:
+        _run_cells(backend, chosen.cells, ctx, done, opts, progress, say)
+    except KeyboardInterrupt:
+        interrupted = True
+        say("interrupted: writing the report from the cells that finished")
+    finally:
+        backend.close()
+    all_results = results.read(run_dir)
+    outcome = gate.decide(chosen.cells, chosen.not_here, all_results, loaded.policy, dt.date.today())
+    report = RunReport(
+        run_id=run_id, matrix=loaded.spec.name, channel=loaded.spec.channel, started=started, finished=now(),
+        gate=outcome, gating_exit_code=loaded.policy.inconclusive_exit_code, cells=chosen.cells,
+        results=all_results, not_here=chosen.not_here, pruned=chosen.pruned,
+        diffs=stack_diffs(chosen.cells, all_results), options=opts.describe(),
+        trends={},
+    )
+    code = exit_code(report)
+    candidate = ", ".join(str(v) for v in loaded.torch)
+    history.record(opts.history, run_id=run_id, matrix=loaded.spec.name, channel=loaded.spec.channel,
+                   started=started, finished=report.finished, decision=outcome.verdict.decision.value,
+                   verdict=report.gating_verdict, candidate=candidate, results=list(all_results.values()),
+                   summary=counts(report))
+    report = replace(report, trends=history.trends(opts.history, channel=loaded.spec.channel, matrix=loaded.spec.name))
+    write_reports(report, run_dir, code, env.get("GITHUB_STEP_SUMMARY"))
+    say(f"\n{outcome.verdict.decision.value} (gating verdict {report.gating_verdict}, exit {code})")
+    for reason in outcome.verdict.blocking[:10]:
+        say(f"  - {reason.cell} {reason.test}: {reason.message[:300]}")
+    say(f"reports: {run_dir}/report.md report.json junit.xml report.html")
+    if interrupted:
+        raise KeyboardInterrupt
+    return code
+
+
+def exit_code(report: RunReport) -> int:
+    decision = report.gate.verdict.decision.value
+    if decision == "GO":
+        return int(ExitCode.GO)
+    if decision == "NO-GO":
+        return int(ExitCode.NO_GO)
+    return report.gating_exit_code
+
+
+def write_reports(report: RunReport, run_dir: Path, code: int, step_summary: str | None) -> None:
+    json_report.write(report, run_dir / "report.json", code)
+    markdown.write(report, run_dir / "report.md", step_summary)
+    junit.write(report, run_dir / "junit.xml")
+    html_report.write(report, run_dir / "report.html")
+
+
+def _run_cells(backend: Backend, cells: tuple[Cell, ...], ctx: RunContext, done: Mapping[str, CellResult],
+               opts: Options, progress: Progress, say: Printer) -> None:
+    handles: dict[str, EnvHandle | PrepareFailed] = {}
+    plans = {p.stack.content_hash: p for p in plan_envs(cells)}
+    log_dir = ctx.run_dir / "build"
+    log_dir.mkdir(exist_ok=True)
+
+    def handle_for(cell: Cell) -> EnvHandle | PrepareFailed:
+        key = cell.stack.content_hash
+        if key not in handles:
+            plan = plans[key]
+            say(f"prepare {backend.name} env for {plan.stack.label} ({len(plan.cells)} cell(s))")
+            try:
+                handle = backend.prepare(plan.stack, log_dir / f"{plan.stack.label}.log")
+                say(f"  {'reused' if handle.reused else 'built'} {handle.ref} in {handle.prepare_s:.1f}s")
+                handles[key] = handle
+            except PrepareFailed as exc:
+                say(f"  FAILED: {exc}")
+                handles[key] = exc
+        return handles[key]
+
+    ordered = run_order(cells)
+    passed_pairs: set[tuple[str, str]] = set()
+    for cell in ordered:
+        if cell.id in done and done[cell.id].status is not Status.INFRA_ERROR:
+            say(f"skip {cell.id}: finished in the resumed run ({done[cell.id].status.value})")
+            continue
+        result = _run_one(backend, cell, handle_for(cell), ctx, progress, say, "main")
+        results.append(ctx.run_dir, result)
+    finished = results.read(ctx.run_dir)
+    if not opts.rollback:
+        return
+    for cand in (c for c in ordered if c.role is Role.CANDIDATE):
+        r = finished.get(cand.id)
+        if r is not None and r.status in (Status.PASSED, Status.FAILED):
+            passed_pairs.add(cand.comparison_key)
+    for cell in ordered:
+        if cell.role is not Role.PRODUCTION or cell.comparison_key not in passed_pairs:
+            continue
+        key = f"{cell.id}@rollback"
+        if key in finished:
+            continue
+        handle = handle_for(cell)
+        if isinstance(handle, PrepareFailed):
+            continue
+        results.append(ctx.run_dir, _run_one(backend, cell, handle, ctx, progress, say, "rollback"))
+
+
+def _run_one(backend: Backend, cell: Cell, handle: EnvHandle | PrepareFailed, ctx: RunContext, progress: Progress,
+             say: Printer, phase: str) -> CellResult:
+    label = cell.id if phase == "main" else f"{cell.id}@{phase}"
+    if isinstance(handle, PrepareFailed):
+        return CellResult(cell_id=label, role=cell.role, status=Status.BUILD_FAILED, reason=str(handle),
+                          log_tail=handle.log_tail, cell=cell.to_json())
+    say(f"run {label}")
+    progress.begin(label)
+    try:
+        result = backend.run(cell, handle, ctx, phase)
+    except InfraError as exc:
+        result = CellResult(cell_id=label, role=cell.role, status=Status.INFRA_ERROR, reason=str(exc),
+                            cell=cell.to_json())
+    result = replace(result, environment={**result.environment, "env_reused": handle.reused,
+                                          "env_prepare_s": round(handle.prepare_s, 1)})
+    say(f"  {label}: {result.status.value} in {result.duration_s:.0f}s {result.reason[:200]}")
+    return result
+
+
+__all__ = ["exit_code", "load", "run", "write_reports"]

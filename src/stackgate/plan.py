@@ -1,0 +1,25 @@
+"""Plan environments before touching an installer or Docker: cells grouped by Stack, in run order."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from stackgate.model import Cell, EnvPlan, Role
+
+
+def plan_envs(cells: Sequence[Cell]) -> tuple[EnvPlan, ...]:
+    """One plan per distinct stack; production stacks first (their cells run first)."""
+    groups: dict[str, list[Cell]] = {}
+    stacks = {}
+    for cell in cells:
+        key = cell.stack.content_hash
+        groups.setdefault(key, []).append(cell)
+        stacks[key] = cell.stack
+    def order(key: str) -> tuple[bool, str]:
+        return (not any(c.role is Role.PRODUCTION for c in groups[key]), stacks[key].label)
+    return tuple(EnvPlan(stacks[k], tuple(groups[k])) for k in sorted(groups, key=order))
+
+
+def run_order(cells: Sequence[Cell]) -> list[Cell]:
+    """Production cells first: they write the artifacts candidates read (forward compatibility)."""
+    return sorted(cells, key=lambda c: (c.role is Role.CANDIDATE, c.comparison_key, c.id))

@@ -1,0 +1,1 @@
+"""Reports: one data object (RunReport), rendered to JSON, Markdown, JUnit and HTML."""

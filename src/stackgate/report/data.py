@@ -1,0 +1,122 @@
+"""Everything a report shows, assembled once from the run's results."""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from stackgate.gate import Evidence, GateOutcome
+from stackgate.model import Cell, CellResult, NotHere, Pruned, Role, Status
+
+SCHEMA_VERSION = 1
+KEY_PACKAGES = ("torch", "triton", "numpy", "nvidia-nccl", "nvidia-cudnn", "nvidia-cublas", "nvidia-cuda-runtime")
+
+
+@dataclass(frozen=True)
+class PackageChange:
+    name: str
+    production: str | None
+    candidate: str | None
+
+    @property
+    def kind(self) -> str:
+        if self.production is None:
+            return "added"
+        if self.candidate is None:
+            return "removed"
+        return "changed"
+
+
+@dataclass(frozen=True)
+class StackDiff:
+    production_cell: str
+    candidate_cell: str
+    facts: tuple[tuple[str, str, str], ...]  # (what, production, candidate)
+    packages: tuple[PackageChange, ...]
+
+
+@dataclass(frozen=True)
+class RunReport:
+    run_id: str
+    matrix: str
+    channel: str
+    started: str
+    finished: str
+    gate: GateOutcome
+    gating_exit_code: int
+    cells: tuple[Cell, ...]
+    results: Mapping[str, CellResult]
+    not_here: tuple[NotHere, ...]
+    pruned: tuple[Pruned, ...]
+    diffs: tuple[StackDiff, ...]
+    options: Mapping[str, Any] = field(default_factory=dict)
+    trends: Mapping[str, Sequence[tuple[str, float]]] = field(default_factory=dict)
+
+    @property
+    def evidence(self) -> Evidence:
+        return self.gate.evidence
+
+    @property
+    def gating_verdict(self) -> str:
+        """The binary verdict a pipeline gates on: INCONCLUSIVE counts as NO-GO unless policy says otherwise."""
+        decision = self.gate.verdict.decision.value
+        if decision == "INCONCLUSIVE":
+            return "GO" if self.gating_exit_code == 0 else "NO-GO"
+        return decision
+
+    def result_rows(self) -> list[tuple[Cell, CellResult | None]]:
+        rows: list[tuple[Cell, CellResult | None]] = [(c, self.results.get(c.id)) for c in self.cells]
+        return rows
+
+
+def _packages(result: CellResult) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for line in result.environment.get("packages", []):
+        if "==" in line:
+            name, version = line.split("==", 1)
+            out[re.sub(r"[-_.]+", "-", name).lower()] = version
+    return out
+
+
+def stack_diffs(cells: Sequence[Cell], results: Mapping[str, CellResult]) -> tuple[StackDiff, ...]:
+    """What changed between each production cell and its candidates, from captured environments."""
+    prod = {c.comparison_key: c for c in cells if c.role is Role.PRODUCTION}
+    out = []
+    seen_pairs = set()
+    for cand in cells:
+        if cand.role is not Role.CANDIDATE or cand.comparison_key not in prod:
+            continue
+        base = prod[cand.comparison_key]
+        bres, cres = results.get(base.id), results.get(cand.id)
+        if bres is None or cres is None or not bres.environment or not cres.environment:
+            continue
+        pair = (base.stack.label, cand.stack.label)
+        if pair in seen_pairs:
+            continue
+        seen_pairs.add(pair)
+        facts = []
+        for key in ("torch", "cuda", "nccl", "cudnn", "triton", "python", "numpy"):
+            a, b = str(bres.environment.get(key)), str(cres.environment.get(key))
+            facts.append((key, a, b))
+        bp, cp = _packages(bres), _packages(cres)
+        changes = [PackageChange(n, bp.get(n), cp.get(n)) for n in sorted(set(bp) | set(cp)) if bp.get(n) != cp.get(n)]
+        changes.sort(key=lambda ch: (not ch.name.startswith(KEY_PACKAGES), ch.name))
+        out.append(StackDiff(base.id, cand.id, tuple(facts), tuple(changes)))
+    return tuple(out)
+
+
+def now() -> str:
+    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def counts(report: RunReport) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for _, result in report.result_rows():
+        status = result.status.value if result else "no-result"
+        out[status] = out.get(status, 0) + 1
+    out[Status.NOT_RUN_HERE.value] = len(report.not_here)
+    out["pruned"] = len(report.pruned)
+    return out

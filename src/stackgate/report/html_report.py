@@ -1,0 +1,199 @@
+"""report.html: one self-contained file (inline CSS and SVG, no scripts, no network). Verdict first,
+the matrix as a grid of coloured cells, plots, per-cell details. Everything quoted is escaped."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from html import escape
+from pathlib import Path
+
+from stackgate.model import CellResult, Role, Severity
+from stackgate.report.data import RunReport
+
+COLOURS = {"passed": "#2e7d32", "failed": "#c62828", "error": "#6a1b9a", "timeout": "#ef6c00", "oom": "#ad1457",
+           "crashed": "#4e342e", "build-failed": "#37474f", "infra-error": "#455a64", "skipped": "#9e9e9e",
+           "not-run-here": "#bdbdbd", "no-result": "#e0e0e0"}
+VERDICT = {"GO": "#2e7d32", "NO-GO": "#c62828", "INCONCLUSIVE": "#ef6c00"}
+SERIES = ("#1565c0", "#e65100", "#2e7d32", "#6a1b9a")
+
+CSS = """
+body{font:14px/1.45 system-ui,sans-serif;margin:24px;color:#212121;max-width:1200px}
+h1{margin:0 0 4px}.verdict{display:inline-block;color:#fff;padding:6px 16px;border-radius:6px;font-size:28px}
+table{border-collapse:collapse;margin:8px 0}td,th{border:1px solid #ddd;padding:3px 8px;text-align:left;vertical-align:top}
+.grid td.cell{color:#fff;font-family:monospace;font-size:12px}.muted{color:#757575}
+details{margin:6px 0}pre{background:#f5f5f5;padding:8px;overflow:auto;max-height:320px;font-size:12px}
+.plots{display:flex;flex-wrap:wrap;gap:16px}.plot{border:1px solid #eee;padding:6px}
+"""
+
+
+def _series_svg(title: str, series: Sequence[tuple[str, Sequence[tuple[float, float]]]], *, xlog: bool = False,
+                xlabel: str = "", ylabel: str = "") -> str:
+    """A small line chart. series: (label, [(x, y)])."""
+    pts = [(x, y) for _, s in series for x, y in s if math.isfinite(y)]
+    if not pts:
+        return ""
+    w, h, pad = 420, 240, 44
+    fx = (lambda x: math.log2(x) if x > 0 else 0.0) if xlog else (lambda x: x)
+    xs = [fx(x) for x, _ in pts]
+    ys = [y for _, y in pts]
+    x0, x1 = min(xs), max(xs) if max(xs) > min(xs) else min(xs) + 1
+    y0, y1 = min(0.0, min(ys)), max(ys) if max(ys) > min(0.0, min(ys)) else 1.0
+
+    def sx(x: float) -> float:
+        return pad + (fx(x) - x0) / (x1 - x0) * (w - 2 * pad)
+
+    def sy(y: float) -> float:
+        return h - pad + 8 - (y - y0) / (y1 - y0) * (h - 2 * pad)
+
+    parts = [f'<svg class="plot" role="img" aria-label="{escape(title)}" width="{w}" height="{h}" '
+             f'xmlns="http://www.w3.org/2000/svg"><title>{escape(title)}</title>',
+             f'<text x="{w / 2}" y="16" text-anchor="middle" font-size="13">{escape(title)}</text>',
+             f'<line x1="{pad}" y1="{h - pad + 8}" x2="{w - pad}" y2="{h - pad + 8}" stroke="#999"/>',
+             f'<line x1="{pad}" y1="{pad - 8}" x2="{pad}" y2="{h - pad + 8}" stroke="#999"/>',
+             f'<text x="{pad - 4}" y="{sy(y1) + 4}" text-anchor="end" font-size="10">{y1:.3g}</text>',
+             f'<text x="{pad - 4}" y="{sy(y0) + 4}" text-anchor="end" font-size="10">{y0:.3g}</text>',
+             f'<text x="{w / 2}" y="{h - 6}" text-anchor="middle" font-size="10">{escape(xlabel)}</text>',
+             f'<text x="10" y="{h / 2}" font-size="10" transform="rotate(-90 10 {h / 2})">{escape(ylabel)}</text>']
+    for i, (label, s) in enumerate(series):
+        colour = SERIES[i % len(SERIES)]
+        good = [(x, y) for x, y in s if math.isfinite(y)]
+        if not good:
+            continue
+        path = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in good)
+        parts.append(f'<polyline fill="none" stroke="{colour}" stroke-width="2" points="{path}"/>')
+        parts.append(f'<text x="{w - pad}" y="{pad + 14 * i}" text-anchor="end" font-size="11" fill="{colour}">'
+                     f'{escape(label)}</text>')
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def _median(xs: Sequence[float]) -> float:
+    s = sorted(xs)
+    n = len(s)
+    return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
+
+
+def _plots(report: RunReport) -> list[str]:
+    out = []
+    prod = {c.comparison_key: c for c in report.cells if c.role is Role.PRODUCTION}
+    for cand in (c for c in report.cells if c.role is Role.CANDIDATE):
+        base = prod.get(cand.comparison_key)
+        cres, bres = report.results.get(cand.id), report.results.get(base.id) if base else None
+        if cres is None or bres is None:
+            continue
+        for coll in ("all_reduce", "all_gather"):
+            series = []
+            for label, res in (("production", bres), ("candidate", cres)):
+                pts = sorted((float(dict(m.tags)["size"]), _median(m.samples)) for m in res.metrics
+                             if m.name == "busbw" and dict(m.tags).get("collective") == coll and m.samples)
+                series.append((label, pts))
+            out.append(_series_svg(f"{coll} busbw vs message size — {cand.pool.name}", series, xlog=True,
+                                   xlabel="bytes (log2)", ylabel="GB/s"))
+        for name in ("recsys.loss", "vit.loss"):
+            series = []
+            for label, res in (("production", bres), ("candidate", cres)):
+                m = next((m for m in res.metrics if m.name == name), None)
+                series.append((label, list(enumerate(m.samples)) if m else []))
+            out.append(_series_svg(f"{name} per step — {cand.pool.name}", series, xlabel="step", ylabel="loss"))
+        for name in ("recsys.step_time", "vit.step_time"):
+            series = []
+            for label, res in (("production", bres), ("candidate", cres)):
+                m = next((m for m in res.metrics if m.name == name), None)
+                series.append((label, list(enumerate(m.samples)) if m else []))
+            out.append(_series_svg(f"{name} per step — {cand.pool.name}", series, xlabel="step", ylabel="ms"))
+    for metric, points in report.trends.items():
+        out.append(_series_svg(f"trend: {metric}", [("median", [(i, v) for i, (_, v) in enumerate(points)])],
+                               xlabel="run", ylabel=metric))
+    return [p for p in out if p]
+
+
+def _cell_details(cell_id: str, result: CellResult) -> str:
+    rows = "".join(
+        f"<tr><td>{escape(t.name)}</td><td style='color:{COLOURS.get(t.outcome, '#000')}'>{escape(t.outcome)}</td>"
+        f"<td>{t.duration_s:.2f}s</td><td>{escape(t.message[:600])}</td></tr>" for t in result.tests)
+    env = result.environment
+    facts = ", ".join(f"{k}={escape(str(env.get(k)))}" for k in ("torch", "cuda", "nccl", "cudnn", "triton", "python")
+                      if k in env)
+    warns = "".join(f"<li>{escape(w)}</li>" for w in result.warnings)
+    tail = f"<pre>{escape(result.log_tail[-6000:])}</pre>" if result.status.value != "passed" and result.log_tail else ""
+    return (f"<details><summary><code>{escape(cell_id)}</code> — {escape(result.status.value)} "
+            f"{escape(result.reason[:200])} ({result.duration_s:.0f}s)</summary>"
+            f"<p class='muted'>{facts}</p><table><tr><th>test</th><th>outcome</th><th>time</th><th>message</th></tr>"
+            f"{rows}</table>{'<ul>' + warns + '</ul>' if warns else ''}{tail}</details>")
+
+
+def render(report: RunReport) -> str:
+    v = report.gate.verdict
+    decision = v.decision.value
+    h = ["<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
+         f"<title>stackgate {escape(report.matrix)}: {escape(decision)}</title><style>{CSS}</style></head><body>",
+         f"<h1>stackgate — {escape(report.matrix)}</h1>",
+         f"<p><span class='verdict' id='verdict' style='background:{VERDICT[decision]}'>{escape(decision)}</span> "
+         f"<span class='muted'>gating verdict {escape(report.gating_verdict)} · run {escape(report.run_id)} · channel "
+         f"{escape(report.channel)} · {escape(report.started)} → {escape(report.finished)}</span></p>"]
+    reasons = [r for r in v.reasons if r.severity is not Severity.INFO]
+    if reasons:
+        h.append("<h2>Why</h2><table><tr><th>severity</th><th>cell</th><th>test</th><th>reason</th></tr>")
+        h += [f"<tr><td>{escape(r.severity.value)}</td><td><code>{escape(r.cell)}</code></td><td>{escape(r.test)}</td>"
+              f"<td>{escape(r.message)}</td></tr>" for r in reasons]
+        h.append("</table>")
+    for d in report.diffs:
+        h.append(f"<h2>What changed</h2><p class='muted'>{escape(d.production_cell)} → {escape(d.candidate_cell)}</p>"
+                 "<table><tr><th></th><th>production</th><th>candidate</th></tr>")
+        h += [f"<tr><td>{escape(w)}</td><td>{escape(a)}</td><td>{escape(b)}</td></tr>" for w, a, b in d.facts]
+        h.append("</table>")
+        if d.packages:
+            h.append(f"<details><summary>{len(d.packages)} package(s) differ</summary><table>")
+            h += [f"<tr><td>{escape(p.name)}</td><td>{escape(p.production or '-')}</td><td>{escape(p.candidate or '-')}</td>"
+                  f"</tr>" for p in d.packages]
+            h.append("</table></details>")
+    # the matrix grid: one row per pool/topology, production and candidate side by side
+    h.append("<h2>Matrix</h2><table class='grid'><tr><th>pool / topology</th><th>production</th><th>candidates</th></tr>")
+    groups: dict[tuple[str, str], list[tuple[str, str, str]]] = {}
+    for cell, result in report.result_rows():
+        status = result.status.value if result else "no-result"
+        groups.setdefault(cell.comparison_key, []).append((cell.role.value, cell.id, status))
+    for n in report.not_here:
+        groups.setdefault(n.cell.comparison_key, []).append((n.cell.role.value, n.cell.id, "not-run-here"))
+    for key in sorted(groups):
+        def cells_html(role: str, key: tuple[str, str] = key) -> str:
+            return "".join(f"<td class='cell' title='{escape(s)}' style='background:{COLOURS.get(s, '#000')}'>"
+                           f"{escape(cid)}<br>{escape(s)}</td>" for r, cid, s in groups[key] if r == role)
+        h.append(f"<tr><td>{escape(key[0])} {escape(key[1])}</td>{cells_html('production') or '<td></td>'}"
+                 f"{cells_html('candidate')}</tr>")
+    h.append("</table>")
+    plots = _plots(report)
+    if plots:
+        h.append("<h2>Plots</h2><div class='plots'>" + "".join(plots) + "</div>")
+    ev = report.evidence
+    if ev.comparisons:
+        h.append("<h2>Performance</h2><table><tr><th>cell</th><th>metric</th><th>production</th><th>candidate</th>"
+                 "<th>change</th><th>CI</th><th>outcome</th></tr>")
+        for c in sorted(ev.comparisons, key=lambda x: (not x.gated, x.cell, x.metric)):
+            k = c.comparison
+            ci = f"[{k.low:+.1%}, {k.high:+.1%}]" if math.isfinite(k.low) else "n/a"
+            h.append(f"<tr><td><code>{escape(c.cell)}</code></td><td>{escape(c.metric)}</td><td>{k.base_median:.4g} "
+                     f"{escape(c.unit)}</td><td>{k.cand_median:.4g}</td><td>{k.change:+.1%}</td><td>{ci}</td>"
+                     f"<td>{escape(k.outcome.value) if c.gated else 'not gated'}</td></tr>")
+        h.append("</table>")
+    if ev.new_warnings:
+        h.append("<h2>New warnings in the candidate</h2><ul>")
+        h += [f"<li><code>{escape(cell)}</code>: {escape(w)}</li>" for cell, ws in ev.new_warnings.items() for w in ws]
+        h.append("</ul>")
+    h.append("<h2>Cells</h2>")
+    for cell, result in report.result_rows():
+        if result is not None:
+            h.append(_cell_details(cell.id, result))
+    for key in sorted(k for k in report.results if k.endswith("@rollback")):
+        h.append(_cell_details(key, report.results[key]))
+    if report.pruned:
+        h.append("<h2>Pruned</h2><ul>")
+        h += [f"<li><code>{escape(p.cell.id)}</code>: {escape('; '.join(p.reasons))}</li>" for p in report.pruned]
+        h.append("</ul>")
+    h.append("</body></html>")
+    return "\n".join(h)
+
+
+def write(report: RunReport, path: Path) -> None:
+    path.write_text(render(report), encoding="utf-8")

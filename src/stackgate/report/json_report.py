@@ -1,0 +1,89 @@
+"""report.json. Schema (schema_version 1):
+
+    schema_version: int            -- bumped on incompatible change
+    verdict: "GO" | "NO-GO"        -- what a pipeline gates on (INCONCLUSIVE maps per policy)
+    decision: "GO" | "NO-GO" | "INCONCLUSIVE"
+    exit_code: int
+    run: {id, matrix, channel, started, finished, options}
+    reasons: [{severity, kind, cell, test, message}]
+    cells: [{id, role, required, pool, device, topology, stack, status, reason, duration_s,
+             tests: [{name, outcome, duration_s, message}], metrics: [{name, unit, samples, tags, better}],
+             warnings, environment}]
+    not_run_here: [{id, reason}]
+    pruned: [{id, reasons}]
+    comparisons: [{cell, baseline, metric, unit, base_median, cand_median, change, ci_low, ci_high,
+                   tolerance, outcome, gated}]
+    numerics: [{cell, baseline, metric, bitwise, within, worst_step, worst_abs, worst_rel, rtol, atol}]
+    stack_diff: [{production_cell, candidate_cell, facts: [{what, production, candidate}],
+                  packages: [{name, production, candidate, kind}]}]
+    new_warnings: {cell: [warning]}
+    trends: {metric: [[run_id, value]]}
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from stackgate.report.data import SCHEMA_VERSION, RunReport
+
+
+def _num(x: float) -> float | None:
+    return None if math.isinf(x) or math.isnan(x) else round(x, 6)
+
+
+def to_json(report: RunReport, exit_code: int) -> dict[str, Any]:
+    cells = []
+    for cell, result in report.result_rows():
+        row: dict[str, Any] = cell.to_json()
+        if result is None:
+            row.update(status="no-result", reason="", tests=[], metrics=[], warnings=[], environment={})
+        else:
+            data = result.to_json()
+            row.update({k: data[k] for k in ("status", "reason", "duration_s", "tests", "metrics", "warnings",
+                                              "environment")})
+        cells.append(row)
+    ev = report.evidence
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "verdict": report.gating_verdict,
+        "decision": report.gate.verdict.decision.value,
+        "exit_code": exit_code,
+        "run": {"id": report.run_id, "matrix": report.matrix, "channel": report.channel,
+                "started": report.started, "finished": report.finished, "options": dict(report.options)},
+        "reasons": [r.to_json() for r in report.gate.verdict.reasons],
+        "cells": cells,
+        "rollback": [report.results[k].to_json() for k in sorted(report.results) if k.endswith("@rollback")],
+        "not_run_here": [{"id": n.cell.id, "reason": n.reason, "cell": n.cell.to_json()} for n in report.not_here],
+        "pruned": [{"id": p.cell.id, "reasons": list(p.reasons)} for p in report.pruned],
+        "comparisons": [
+            {"cell": c.cell, "baseline": c.baseline, "metric": c.metric, "unit": c.unit,
+             "base_median": c.comparison.base_median, "cand_median": c.comparison.cand_median,
+             "change": _num(c.comparison.change), "ci_low": _num(c.comparison.low), "ci_high": _num(c.comparison.high),
+             "tolerance": c.comparison.tolerance, "outcome": c.comparison.outcome.value, "gated": c.gated}
+            for c in ev.comparisons
+        ],
+        "numerics": [
+            {"cell": p.cell, "baseline": p.baseline, "metric": p.metric, "bitwise": p.parity.bitwise,
+             "within": p.parity.within, "worst_step": p.parity.worst_index, "worst_abs": p.parity.worst_abs,
+             "worst_rel": _num(p.parity.worst_rel), "rtol": p.rtol, "atol": p.atol}
+            for p in ev.parity
+        ],
+        "stack_diff": [
+            {"production_cell": d.production_cell, "candidate_cell": d.candidate_cell,
+             "facts": [{"what": w, "production": a, "candidate": b} for w, a, b in d.facts],
+             "packages": [{"name": p.name, "production": p.production, "candidate": p.candidate, "kind": p.kind}
+                          for p in d.packages]}
+            for d in report.diffs
+        ],
+        "new_warnings": {k: list(v) for k, v in ev.new_warnings.items()},
+        "trends": {k: [list(p) for p in v] for k, v in report.trends.items()},
+    }
+
+
+def write(report: RunReport, path: Path, exit_code: int) -> None:
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(to_json(report, exit_code), indent=2, sort_keys=False, default=str))
+    tmp.replace(path)

@@ -1,0 +1,76 @@
+"""junit.xml: a testsuite per cell, a testcase per cell x test; not-run and pruned cells appear as
+skipped testcases so nothing silently disappears."""
+
+from __future__ import annotations
+
+import re
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+from stackgate.report.data import RunReport
+
+_INVALID_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
+
+
+def _clean(text: str) -> str:
+    return _INVALID_XML.sub("?", text)
+
+
+def render(report: RunReport) -> ET.ElementTree:
+    root = ET.Element("testsuites", name=f"stackgate {report.matrix}")
+    totals = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
+    for cell, result in report.result_rows():
+        suite = ET.SubElement(root, "testsuite", name=cell.id)
+        counts = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
+        if result is None or not result.tests:
+            case = ET.SubElement(suite, "testcase", classname=cell.id, name="cell", time="0")
+            status = result.status.value if result else "no-result"
+            el = ET.SubElement(case, "error", message=_clean(f"{status}: {result.reason if result else ''}"))
+            el.text = _clean(result.log_tail[-5000:] if result else "")
+            counts["tests"] += 1
+            counts["errors"] += 1
+        else:
+            for t in result.tests:
+                case = ET.SubElement(suite, "testcase", classname=cell.id, name=_clean(t.name),
+                                     time=f"{t.duration_s:.3f}")
+                counts["tests"] += 1
+                if t.outcome == "failed":
+                    el = ET.SubElement(case, "failure", message=_clean(t.message.splitlines()[0] if t.message else "failed"))
+                    el.text = _clean(t.message)
+                    counts["failures"] += 1
+                elif t.outcome == "error":
+                    el = ET.SubElement(case, "error", message=_clean(t.message.splitlines()[0] if t.message else "error"))
+                    el.text = _clean(t.message)
+                    counts["errors"] += 1
+                elif t.outcome == "skipped":
+                    ET.SubElement(case, "skipped", message=_clean(t.message))
+                    counts["skipped"] += 1
+            if result.status.value not in ("passed", "failed"):
+                case = ET.SubElement(suite, "testcase", classname=cell.id, name="cell-status", time="0")
+                ET.SubElement(case, "error", message=_clean(f"{result.status.value}: {result.reason}"))
+                counts["tests"] += 1
+                counts["errors"] += 1
+        for k, n in counts.items():
+            suite.set(k, str(n))
+            totals[k] += n
+        suite.set("time", f"{result.duration_s:.3f}" if result else "0")
+    for group, items in (("not-run-here", [(n.cell.id, n.reason) for n in report.not_here]),
+                         ("pruned", [(p.cell.id, "; ".join(p.reasons)) for p in report.pruned])):
+        if not items:
+            continue
+        suite = ET.SubElement(root, "testsuite", name=group, tests=str(len(items)), skipped=str(len(items)),
+                              failures="0", errors="0", time="0")
+        for cell_id, reason in items:
+            case = ET.SubElement(suite, "testcase", classname=group, name=cell_id, time="0")
+            ET.SubElement(case, "skipped", message=_clean(reason))
+        totals["tests"] += len(items)
+        totals["skipped"] += len(items)
+    for k, n in totals.items():
+        root.set(k, str(n))
+    return ET.ElementTree(root)
+
+
+def write(report: RunReport, path: Path) -> None:
+    tree = render(report)
+    ET.indent(tree)
+    tree.write(path, encoding="utf-8", xml_declaration=True)

@@ -1,0 +1,109 @@
+"""report.md: verdict first, then why, what changed, the matrix, comparisons. Also the GitHub step summary."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from stackgate.model import Severity
+from stackgate.report.data import RunReport, counts
+
+ICON = {"GO": "GO ✅", "NO-GO": "NO-GO ❌", "INCONCLUSIVE": "INCONCLUSIVE ⚠️"}
+
+
+def md_escape(text: object) -> str:
+    """Escape table/markup characters and HTML so quoted log text cannot change the document."""
+    s = str(text).replace("\r", " ").replace("\n", " ")
+    s = s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    for ch in "\\`*_[]|#":
+        s = s.replace(ch, "\\" + ch)
+    return s
+
+
+def render(report: RunReport) -> str:
+    v = report.gate.verdict
+    lines = [f"# stackgate {md_escape(report.matrix)}: {ICON[v.decision.value]}", ""]
+    lines.append(f"Run `{report.run_id}` · channel {md_escape(report.channel)} · {report.started} → {report.finished}"
+                 f" · gating verdict **{report.gating_verdict}**")
+    lines.append("")
+    c = counts(report)
+    lines.append("Cells: " + ", ".join(f"{k} {n}" for k, n in sorted(c.items()) if n))
+    lines.append("")
+    blocking = [r for r in v.reasons if r.severity in (Severity.BLOCKING, Severity.INCONCLUSIVE, Severity.WAIVED)]
+    if blocking:
+        lines += ["## Why", "", "| severity | cell | test | reason |", "|---|---|---|---|"]
+        lines += [f"| {r.severity.value} | {md_escape(r.cell)} | {md_escape(r.test)} | {md_escape(r.message)} |"
+                  for r in blocking]
+        lines.append("")
+    for d in report.diffs:
+        lines += [f"## What changed: {md_escape(d.production_cell)} → {md_escape(d.candidate_cell)}", "",
+                  "| | production | candidate |", "|---|---|---|"]
+        lines += [f"| {md_escape(w)} | {md_escape(a)} | {md_escape(b)} |" for w, a, b in d.facts if a != b or w == "torch"]
+        if d.packages:
+            shown = d.packages[:25]
+            lines += ["", f"{len(d.packages)} package(s) differ" + (" (first 25)" if len(d.packages) > 25 else "") + ":",
+                      "", "| package | production | candidate |", "|---|---|---|"]
+            lines += [f"| {md_escape(p.name)} | {md_escape(p.production or '-')} | {md_escape(p.candidate or '-')} |"
+                      for p in shown]
+        lines.append("")
+    lines += ["## Matrix", "", "| cell | role | required | status | tests | time | reason |", "|---|---|---|---|---|---|---|"]
+    for cell, result in report.result_rows():
+        if result is None:
+            lines.append(f"| {md_escape(cell.id)} | {cell.role.value} | {cell.required} | no result | | | |")
+            continue
+        passed = sum(t.outcome == "passed" for t in result.tests)
+        lines.append(f"| {md_escape(cell.id)} | {cell.role.value} | {'yes' if cell.required else 'no'} | "
+                     f"{result.status.value} | {passed}/{len(result.tests)} | {result.duration_s:.0f}s | "
+                     f"{md_escape(result.reason[:200])} |")
+    for key in sorted(k for k in report.results if k.endswith("@rollback")):
+        r = report.results[key]
+        passed = sum(t.outcome == "passed" for t in r.tests)
+        lines.append(f"| {md_escape(key)} | rollback | yes | {r.status.value} | {passed}/{len(r.tests)} | "
+                     f"{r.duration_s:.0f}s | {md_escape(r.reason[:200])} |")
+    for n in report.not_here:
+        lines.append(f"| {md_escape(n.cell.id)} | {n.cell.role.value} | {'yes' if n.cell.required else 'no'} | "
+                     f"not run here | | | {md_escape(n.reason)} |")
+    lines.append("")
+    if report.pruned:
+        lines += ["<details><summary>Pruned cells (cannot exist)</summary>", "", "| cell | rule |", "|---|---|"]
+        lines += [f"| {md_escape(p.cell.id)} | {md_escape('; '.join(p.reasons))} |" for p in report.pruned]
+        lines += ["", "</details>", ""]
+    ev = report.evidence
+    if ev.comparisons:
+        lines += ["## Performance (candidate vs production)", "",
+                  "| cell | metric | production | candidate | change | 95% CI | tolerance | outcome |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for cmp in sorted(ev.comparisons, key=lambda x: (not x.gated, x.cell, x.metric)):
+            k = cmp.comparison
+            ci = f"[{k.low:+.1%}, {k.high:+.1%}]" if abs(k.low) != float("inf") else "n/a"
+            lines.append(f"| {md_escape(cmp.cell)} | {md_escape(cmp.metric)} | {k.base_median:.4g} {md_escape(cmp.unit)} | "
+                         f"{k.cand_median:.4g} | {k.change:+.1%} | {ci} | "
+                         f"{f'{k.tolerance:.0%}' if cmp.gated else 'not gated'} | {k.outcome.value} |")
+        lines.append("")
+    if ev.parity:
+        lines += ["## Numerics", "", "| cell | metric | bitwise | within tolerance | worst step | worst diff |",
+                  "|---|---|---|---|---|---|"]
+        lines += [f"| {md_escape(p.cell)} | {md_escape(p.metric)} | {p.parity.bitwise} | {p.parity.within} | "
+                  f"{p.parity.worst_index} | {p.parity.worst_abs:.3g} |" for p in ev.parity]
+        lines.append("")
+    if ev.new_warnings:
+        lines += ["## New warnings in the candidate (upgrade work items)", ""]
+        for cell, warns in ev.new_warnings.items():
+            lines += [f"- {md_escape(cell)}: {md_escape(w)}" for w in warns]
+        lines.append("")
+    if report.trends:
+        lines += ["## Trends (last runs of this channel)", ""]
+        for metric, points in report.trends.items():
+            lines.append(f"- {md_escape(metric)}: " + " → ".join(f"{value:.4g}" for _, value in points))
+        lines.append("")
+    info = [r for r in v.reasons if r.severity is Severity.INFO and r.kind not in ("new-warning", "not-run-here")]
+    if info:
+        lines += ["## Notes", ""] + [f"- {md_escape(r.cell)}: {md_escape(r.message)}" for r in info] + [""]
+    return "\n".join(lines)
+
+
+def write(report: RunReport, path: Path, step_summary: str | None) -> None:
+    text = render(report)
+    path.write_text(text, encoding="utf-8")
+    if step_summary:
+        with Path(step_summary).open("a", encoding="utf-8") as fh:
+            fh.write(text + "\n")

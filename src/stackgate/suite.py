@@ -1,0 +1,185 @@
+"""The harness's side of the suite contract: the environment a suite run gets, and how its
+outputs (JUnit XML from pytest, JSON lines from $STACKGATE_RESULTS) become a CellResult.
+
+Any pytest suite works: identity/metrics records are optional; test outcomes come from JUnit.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import xml.etree.ElementTree as ET
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from stackgate.model import Cell, CellResult, Metric, Status, TestOutcome
+from stackgate.proc import ProcResult
+
+BUNDLED_SUITE = Path(__file__).resolve().parents[2] / "integration_tests"
+_OOM = re.compile(r"(Killed|OutOfMemoryError|CUDA out of memory|std::bad_alloc|MemoryError)")
+
+
+@dataclass(frozen=True)
+class SuiteSpec:
+    """Which suite runs in a cell and how."""
+
+    path: Path = BUNDLED_SUITE
+    pytest_args: tuple[str, ...] = ()
+    profile: str = "default"  # default | quick
+    timeout_s: float = 1200.0
+
+
+def suite_env(cell: Cell, *, results: Path, artifacts: Path, shared: Path, profile: str, run_id: str,
+              node_rank: int = 0, endpoint: str = "", phase: str = "main") -> dict[str, str]:
+    """STACKGATE_* variables: what the cell asked for, where to write, and the topology."""
+    return {
+        "STACKGATE_EXPECT_TORCH": cell.stack.torch_public,
+        "STACKGATE_EXPECT_CUDA": cell.stack.cuda.tag,
+        "STACKGATE_EXPECT_TRANSPORT": cell.pool.transport.value,
+        "STACKGATE_DEVICE": cell.device,
+        "STACKGATE_ROLE": cell.role.value,
+        "STACKGATE_PHASE": phase,
+        "STACKGATE_PROFILE": profile,
+        "STACKGATE_CELL": cell.id,
+        "STACKGATE_RUN_ID": run_id,
+        "STACKGATE_RESULTS": str(results),
+        "STACKGATE_ARTIFACTS": str(artifacts),
+        "STACKGATE_SHARED_DIR": str(shared),
+        "STACKGATE_NNODES": str(cell.topology.nodes),
+        "STACKGATE_NPROC_PER_NODE": str(cell.topology.nproc_per_node),
+        "STACKGATE_NODE_RANK": str(node_rank),
+        "STACKGATE_RDZV_ENDPOINT": endpoint,
+        "PYTHONUNBUFFERED": "1",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "OMP_NUM_THREADS": "1",
+    }
+
+
+def pytest_argv(python: str, suite: SuiteSpec, junit: Path, phase: str) -> list[str]:
+    argv = [python, "-m", "pytest", str(suite.path), "-v", "-p", "no:cacheprovider", f"--junitxml={junit}",
+            "-o", "junit_family=xunit1", "--rootdir", str(suite.path)]
+    if phase == "rollback":
+        argv += ["-m", "crossversion"]
+    return argv + list(suite.pytest_args)
+
+
+def parse_junit(paths: list[Path]) -> tuple[TestOutcome, ...]:
+    """Merge per-node JUnit files: a test passes only if it passed on every node."""
+    merged: dict[str, TestOutcome] = {}
+    rank = {"passed": 0, "skipped": 1, "failed": 2, "error": 3}
+    for path in paths:
+        if not path.exists():
+            continue
+        try:
+            root = ET.parse(path).getroot()
+        except ET.ParseError:
+            continue
+        for case in root.iter("testcase"):
+            name = _case_name(case)
+            outcome, message = "passed", ""
+            for tag in ("error", "failure", "skipped"):
+                node = case.find(tag)
+                if node is not None:
+                    outcome = {"failure": "failed", "error": "error", "skipped": "skipped"}[tag]
+                    message = (node.get("message") or "") + ("\n" + node.text if node.text and tag != "skipped" else "")
+                    break
+            current = TestOutcome(name, outcome, float(case.get("time") or 0.0), message.strip()[-4000:])
+            previous = merged.get(name)
+            if previous is None or rank[outcome] > rank[previous.outcome]:
+                merged[name] = current
+    return tuple(merged.values())
+
+
+def _case_name(case: ET.Element) -> str:
+    classname = case.get("classname") or ""
+    file = case.get("file")
+    module = file or classname.replace(".", "/") + ".py"
+    return f"{module}::{case.get('name')}"
+
+
+@dataclass
+class Records:
+    metrics: list[Metric]
+    environment: dict[str, Any]
+    warnings: list[str]
+    problems: list[str]
+
+
+def parse_records(paths: list[Path]) -> Records:
+    out = Records([], {}, [], [])
+    for path in paths:
+        if not path.exists():
+            continue
+        for number, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                data = json.loads(line)
+                kind = data.pop("kind", "metric")
+                if kind == "metric":
+                    out.metrics.append(Metric.from_json(data))
+                elif kind == "environment":
+                    out.environment.update(data)
+                elif kind == "warning":
+                    text = f"{data.get('category', 'Warning')}: {data.get('message', '')}"
+                    if text not in out.warnings:
+                        out.warnings.append(text)
+            except (ValueError, KeyError, TypeError) as exc:
+                out.problems.append(f"{path.name}:{number}: unreadable record ({exc})")
+    return out
+
+
+def classify(procs: list[ProcResult], tests: tuple[TestOutcome, ...]) -> tuple[Status, str]:
+    """Status of a suite run from its processes' exit codes and the JUnit outcomes."""
+    if any(p.timed_out for p in procs):
+        return Status.TIMEOUT, "the suite exceeded the cell timeout"
+    tails = "\n".join(p.tail for p in procs)
+    for p in procs:
+        if p.returncode in (-9, 137) or (p.returncode < 0 and _OOM.search(p.tail)):
+            return (Status.OOM if _OOM.search(p.tail) or p.returncode in (-9, 137) else Status.CRASHED,
+                    f"process killed (exit {p.returncode}); likely out of memory")
+        if p.returncode < 0:
+            return Status.CRASHED, f"suite process died with signal {-p.returncode}"
+    if any(t.outcome in ("failed", "error") and _OOM.search(t.message) for t in tests):
+        return Status.OOM, "a test ran out of memory"
+    codes = {p.returncode for p in procs}
+    if codes <= {0}:
+        if not tests:
+            return Status.ERROR, "pytest ran but reported no tests"
+        return Status.PASSED, ""
+    if codes <= {0, 1}:
+        failed = [t.name for t in tests if t.outcome in ("failed", "error")]
+        return Status.FAILED, f"{len(failed)} test(s) failed: " + ", ".join(failed[:5])
+    if 5 in codes:
+        return Status.ERROR, "no tests were collected (check the suite path and -k/-m filters)"
+    if not tests:
+        return Status.ERROR, f"pytest exited {sorted(codes)} before running tests:\n" + tails[-1500:]
+    return Status.ERROR, f"pytest exited {sorted(codes)} (interrupted or internal error)"
+
+
+def build_result(cell: Cell, procs: list[ProcResult], workdir: Path, duration_s: float,
+                 phase: str = "main", extra_env: Mapping[str, Any] | None = None) -> CellResult:
+    tests = parse_junit(sorted(workdir.glob("junit-node*.xml")))
+    records = parse_records(sorted(workdir.glob("results-node*.jsonl")))
+    status, reason = classify(procs, tests)
+    environment = {**records.environment, **(extra_env or {})}
+    if records.problems:
+        environment["record_problems"] = records.problems
+    tail = procs[0].tail if procs else ""
+    if status is not Status.PASSED:
+        tail = "\n".join(f"===== node {i} =====\n{p.tail}" for i, p in enumerate(procs))
+    return CellResult(
+        cell_id=cell.id if phase == "main" else f"{cell.id}@{phase}",
+        role=cell.role,
+        status=status,
+        reason=reason,
+        tests=tests,
+        metrics=tuple(records.metrics),
+        environment=environment,
+        warnings=tuple(records.warnings),
+        log_tail=tail[-20000:],
+        duration_s=duration_s,
+        cell={**cell.to_json(), "phase": phase},
+    )

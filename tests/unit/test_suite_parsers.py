@@ -1,0 +1,105 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import busbw
+import nccl_log
+import pytest
+
+from stackgate import results, suite
+from stackgate.model import CellResult, Role, Status
+from stackgate.proc import ProcResult
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+
+
+@pytest.mark.parametrize(("collective", "n", "factor"), [
+    ("all_reduce", 2, 1.0), ("all_reduce", 8, 1.75), ("all_reduce", 16, 1.875),
+    ("all_gather", 8, 7 / 8), ("reduce_scatter", 4, 3 / 4), ("all_to_all", 16, 15 / 16),
+    ("broadcast", 8, 1.0), ("reduce", 8, 1.0),
+])
+def test_busbw_factors_pinned_to_nccl_tests(collective: str, n: int, factor: float) -> None:
+    assert busbw.bus_factor(collective, n) == pytest.approx(factor)
+
+
+def test_busbw_worked_example_from_aws_ofi_nccl_584() -> None:
+    # 16 ranks: algbw 11.135 GB/s -> busbw 20.878 GB/s
+    seconds = (1 << 30) / 1e9 / 11.135
+    assert busbw.busbw_gbps("all_reduce", 1 << 30, seconds, 16) == pytest.approx(20.878, rel=1e-4)
+    assert busbw.bus_factor("all_reduce", 8, nvls=True) == pytest.approx(7 / 9)
+    assert busbw.sizes(8, 128, 4) == [8, 32, 128]
+
+
+@pytest.mark.parametrize(("log", "network", "expected", "ok"), [
+    ("nccl-efa.log", "efa", "efa", True),
+    ("nccl-socket-fallback.log", "socket", "efa", False),
+    ("nccl-ib.log", "ib", "ib", True),
+    ("nccl-ib.log", "ib", "efa", False),
+])
+def test_nccl_log_parser(log: str, network: str, expected: str, ok: bool) -> None:
+    found = nccl_log.parse((DATA / log).read_text())
+    assert found.network == network
+    assert found.matches(expected)[0] is ok
+
+
+def test_nccl_log_details() -> None:
+    efa = nccl_log.parse((DATA / "nccl-efa.log").read_text())
+    assert efa.version == "2.30.7" and efa.ofi_provider == "efa" and efa.plugin
+    assert {"P2P", "NET"} <= efa.transports
+    sock = nccl_log.parse((DATA / "nccl-socket-fallback.log").read_text())
+    assert sock.plugin_missing
+    assert "net plugin not found" in sock.matches("efa")[1]
+    assert nccl_log.parse("").matches("efa")[0] is False
+    assert nccl_log.parse("").matches("none")[0] is True
+
+
+def test_junit_merge_and_records(tmp_path: Path) -> None:
+    (tmp_path / "junit-node0.xml").write_text(
+        '<testsuites><testsuite><testcase classname="test_a" file="test_a.py" name="test_x" time="1.5"/>'
+        '<testcase classname="test_a" file="test_a.py" name="test_y" time="0.1"><skipped message="why"/></testcase>'
+        '</testsuite></testsuites>')
+    (tmp_path / "junit-node1.xml").write_text(
+        '<testsuites><testsuite><testcase classname="test_a" file="test_a.py" name="test_x" time="1.4">'
+        '<failure message="boom">trace</failure></testcase></testsuite></testsuites>')
+    tests = suite.parse_junit(sorted(tmp_path.glob("junit-node*.xml")))
+    by = {t.name: t for t in tests}
+    assert by["test_a.py::test_x"].outcome == "failed" and "boom" in by["test_a.py::test_x"].message
+    assert by["test_a.py::test_y"].outcome == "skipped"
+    (tmp_path / "results-node0.jsonl").write_text(
+        json.dumps({"kind": "metric", "name": "m", "unit": "ms", "samples": [1, 2], "tags": {"size": 8}}) + "\n"
+        + json.dumps({"name": "plain", "value": 3}) + "\n{not json\n"
+        + json.dumps({"kind": "environment", "torch": "2.14.1"}) + "\n"
+        + json.dumps({"kind": "warning", "category": "FutureWarning", "message": "x"}) + "\n")
+    rec = suite.parse_records([tmp_path / "results-node0.jsonl"])
+    assert [m.key for m in rec.metrics] == ["m[size=8]", "plain"]
+    assert rec.environment == {"torch": "2.14.1"} and rec.warnings == ["FutureWarning: x"]
+    assert len(rec.problems) == 1
+
+
+def _proc(rc: int, timed_out: bool = False, tail: str = "") -> ProcResult:
+    return ProcResult(("pytest",), rc, timed_out, 1.0, tail)
+
+
+def test_classify_statuses() -> None:
+    from stackgate.model import TestOutcome
+    ok = (TestOutcome("t", "passed"),)
+    assert suite.classify([_proc(0)], ok)[0] is Status.PASSED
+    assert suite.classify([_proc(1)], (TestOutcome("t", "failed"),))[0] is Status.FAILED
+    assert suite.classify([_proc(-15, timed_out=True)], ok)[0] is Status.TIMEOUT
+    assert suite.classify([_proc(-9, tail="Killed")], ok)[0] is Status.OOM
+    assert suite.classify([_proc(-11)], ok)[0] is Status.CRASHED
+    assert suite.classify([_proc(5)], ())[0] is Status.ERROR
+    assert suite.classify([_proc(0)], ())[0] is Status.ERROR
+    assert suite.classify([_proc(0), _proc(1)], (TestOutcome("t", "failed"),))[0] is Status.FAILED
+
+
+def test_results_append_read_and_torn_line(tmp_path: Path) -> None:
+    r = CellResult("c1", Role.CANDIDATE, Status.PASSED)
+    results.append(tmp_path, r)
+    results.append(tmp_path, CellResult("c2", Role.PRODUCTION, Status.FAILED, reason="x"))
+    with (tmp_path / results.RESULTS).open("a") as fh:
+        fh.write('{"cell_id": "c3", "role": "cand')  # killed mid-write
+    got = results.read(tmp_path)
+    assert set(got) == {"c1", "c2"} and got["c2"].reason == "x"
+    assert results.resume_dir(tmp_path.parent, tmp_path.name) == tmp_path

@@ -1,0 +1,77 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from stackgate import matrix, options, policy, tomlfile
+from stackgate.errors import ConfigError
+
+
+def _write(tmp_path: Path, text: str, name: str = "m.toml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_malformed_toml_names_file_and_line(tmp_path: Path) -> None:
+    path = _write(tmp_path, "[matrix]\nname = 'x'\npools = [\n")
+    with pytest.raises(ConfigError) as info:
+        tomlfile.load(path)
+    assert f"{path}:" in str(info.value) and "malformed TOML" in str(info.value)
+    assert info.value.line is not None
+
+
+def test_unknown_key_says_did_you_mean_with_line(tmp_path: Path) -> None:
+    path = _write(tmp_path, "[matrix]\nname = 'x'\npols = ['local']\ntorch = ['2.14.1']\ncuda=['cu130']\npython=['3.11']\n")
+    with pytest.raises(ConfigError) as info:
+        matrix.load_matrix(path)
+    assert info.value.line == 3
+    assert "unknown key 'pols'" in str(info.value)
+    assert info.value.hint == "did you mean 'pools'?"
+
+
+def test_unparseable_torch_in_matrix_points_at_line(tmp_path: Path) -> None:
+    path = _write(tmp_path, "[matrix]\npools = ['local']\ntorch = ['two']\ncuda=['cu130']\npython=['3.11']\n")
+    with pytest.raises(ConfigError) as info:
+        matrix.load_matrix(path)
+    assert info.value.line == 3 and "unparseable" in str(info.value)
+
+
+def test_wrong_type_is_reported(tmp_path: Path) -> None:
+    path = _write(tmp_path, "[gate]\ninconclusive_exit_code = 'one'\n")
+    with pytest.raises(ConfigError) as info:
+        policy.load_policy(path)
+    assert "must be int" in str(info.value) and info.value.line == 2
+
+
+def test_waiver_dates_and_lines(tmp_path: Path) -> None:
+    path = _write(tmp_path, "[[waiver]]\ncells='*'\ntests='*'\nreason='r'\nexpires=2027-01-31\n"
+                            "[[waiver]]\nreason='bad'\nexpires='soon'\n")
+    with pytest.raises(ConfigError) as info:
+        policy.load_policy(path)
+    assert "YYYY-MM-DD" in str(info.value)
+
+
+def test_options_cascade_records_sources(tmp_path: Path) -> None:
+    project = _write(tmp_path, "[run]\nprofile = 'quick'\ntimeout = 100\nreports = 'r1'\n", "stackgate.toml")
+    env = {"STACKGATE_TIMEOUT": "200", "STACKGATE_REPORTS": "r2", "UNRELATED": "x"}
+    opts = options.resolve({"reports": "r3", "only": []}, env, project)
+    assert opts.profile == "quick" and opts.sources["profile"] == str(project)
+    assert opts.timeout == 200.0 and opts.sources["timeout"] == "environment"
+    assert opts.reports == Path("r3") and opts.sources["reports"] == "command line"
+    assert opts.history == Path("r3") / "history.sqlite"
+    assert opts.describe()["timeout"] == {"value": 200.0, "from": "environment"}
+
+
+def test_options_bad_values(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="STACKGATE_TIMEOUT"):
+        options.resolve({}, {"STACKGATE_TIMEOUT": "-1"})
+    with pytest.raises(ConfigError, match="--profile"):
+        options.resolve({"profile": "huge"}, {})
+    assert options.parse_shard("1/4") == (1, 4)
+    with pytest.raises(ConfigError):
+        options.parse_shard("4/4")
+    bad = _write(tmp_path, "[run]\nprofil = 'quick'\n", "stackgate.toml")
+    with pytest.raises(ConfigError, match="did you mean|unknown key"):
+        options.resolve({}, {}, bad)

@@ -1,0 +1,93 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from stackgate import compat
+from stackgate.errors import ConfigError
+from stackgate.model import GpuClass
+from stackgate.versions import CudaVariant, nightly_date, parse_driver, parse_python, parse_torch
+
+ROOT = Path(__file__).resolve().parents[2]
+TABLE = compat.load_compat(ROOT / "matrix" / "compat.toml")
+
+
+def test_torch_versions_are_parsed_not_string_compared() -> None:
+    assert parse_torch("2.10.0") > parse_torch("2.9.1")  # "2.10" < "2.9" as strings
+    assert parse_torch("2.13.0+cpu").local == "cpu"
+    assert parse_torch("2.15.0.dev20261120") < parse_torch("2.15.0")
+    assert parse_torch("2.14.0rc2").is_prerelease
+    assert str(nightly_date(parse_torch("2.15.0.dev20261120"))) == "2026-11-20"
+    assert nightly_date(parse_torch("2.14.1")) is None
+
+
+@pytest.mark.parametrize("bad", ["two.fourteen", "2", "", "latest"])
+def test_bad_torch_version_is_a_config_error(bad: str) -> None:
+    with pytest.raises(ConfigError):
+        parse_torch(bad)
+
+
+def test_cuda_variants() -> None:
+    assert CudaVariant.parse("13.0") == CudaVariant("cu130")
+    assert str(CudaVariant.parse("cu126").cuda_version) == "12.6"
+    assert CudaVariant.parse("cpu").cuda_version is None
+    assert CudaVariant("cpu") < CudaVariant("cu126") < CudaVariant("cu130")
+    with pytest.raises(ConfigError):
+        CudaVariant.parse("cuda13")
+
+
+def test_driver_keeps_its_spelling_and_orders_numerically() -> None:
+    assert str(parse_driver("580.65.06")) == "580.65.06"
+    assert parse_driver("580.65.06") > parse_driver("580")
+    assert parse_driver("525.60.13") < parse_driver("550.54.14")
+    with pytest.raises(ConfigError):
+        parse_driver("r580")
+    assert parse_python("3.14t") == "3.14t"
+
+
+def _check(**kw: object) -> compat.Compatibility:
+    args = {"torch": parse_torch("2.14.1"), "cuda": CudaVariant("cu130"), "python": "3.11",
+            "driver": parse_driver("580.65.06"), "gpu_class": GpuClass.DATACENTER}
+    args.update(kw)
+    return compat.check(TABLE, **args)  # type: ignore[arg-type]
+
+
+def test_cuda13_needs_driver_580() -> None:
+    bad = _check(driver=parse_driver("550.54.14"))
+    assert not bad.ok
+    assert any("CUDA 13.0 needs driver >= 580; driver is 550.54.14" in o.detail for o in bad.failures)
+    assert _check().ok
+
+
+def test_cuda12_minor_version_compat_floor_and_118() -> None:
+    assert _check(cuda=CudaVariant("cu126"), driver=parse_driver("525.60.13")).ok
+    assert not _check(cuda=CudaVariant("cu126"), driver=parse_driver("520.61.05")).ok
+    torch211 = parse_torch("2.11.0")
+    assert "11.8" in TABLE.drivers and str(TABLE.drivers["11.8"].min_driver) == "520.61.05"
+    assert not compat.check(TABLE, torch=torch211, cuda=CudaVariant("cu126"), driver=parse_driver("520.61.05")).ok
+
+
+def test_forward_compat_only_datacenter_with_compat_package() -> None:
+    old = parse_driver("550.54.14")
+    assert _check(driver=old, has_compat_package=True).ok
+    assert _check(driver=old, has_compat_package=True).uses_forward_compat
+    consumer = _check(driver=old, has_compat_package=True, gpu_class=GpuClass.CONSUMER)
+    assert not consumer.ok
+    assert any("only for datacenter" in o.detail for o in consumer.failures)
+    assert not _check(driver=old, has_compat_package=False).ok
+
+
+def test_torch_ships_only_some_variants_and_pythons() -> None:
+    r = _check(cuda=CudaVariant("cu134"))
+    assert not r.ok and r.failures[0].rule == "torch-ships-variant"
+    assert not _check(python="3.9").ok
+    unknown = _check(torch=parse_torch("3.0.0"))
+    assert not unknown.ok and unknown.failures[0].rule == "torch-release-known"
+
+
+def test_cpu_build_and_cpu_runner_need_no_driver() -> None:
+    assert _check(cuda=CudaVariant("cpu"), torch=parse_torch("2.13.0+cpu"), driver=None).ok
+    assert _check(driver=None).ok  # a CUDA build in CPU mode
+    mismatch = _check(cuda=CudaVariant("cu130"), torch=parse_torch("2.13.0+cpu"))
+    assert not mismatch.ok and mismatch.failures[0].rule == "local-label-matches"
