@@ -119,6 +119,7 @@ def run(opts: Options, env: Mapping[str, str], say: Printer = print) -> int:
                           hint=(f"not run here: {away}" if away else "check --only and the matrix axes")
                           + f"; pruned: {len(chosen.pruned)}")
 
+    backend = make_backend(opts, loaded, env, say)
     if opts.resume:
         run_dir = results.resume_dir(opts.reports, opts.resume)
         run_id = opts.resume
@@ -138,7 +139,6 @@ def run(opts: Options, env: Mapping[str, str], say: Printer = print) -> int:
     for cell in chosen.not_here:
         say(f"  not run here: {cell.cell.id}")
 
-    backend = make_backend(opts, loaded, env, say)
     suite = SuiteSpec(path=(opts.suite or BUNDLED_SUITE).resolve(), pytest_args=tuple(opts.pytest_args),
                       profile=opts.profile, timeout_s=opts.timeout)
     if not suite.path.exists():

@@ -82,6 +82,8 @@ def run(
         raise
     finally:
         reader.join(timeout=5)
+        if proc.stdout is not None:
+            proc.stdout.close()
         if log:
             log.close()
     return ProcResult(tuple(argv), proc.returncode, timed_out, time.monotonic() - start, "\n".join(tail))

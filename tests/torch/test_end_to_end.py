@@ -1,0 +1,88 @@
+"""The whole pipeline for real: venvs for 2.13.0+cpu and 2.14.1, the bundled suite under torchrun
+(world sizes 2 and 4), cross-version checkpoints both ways, the gate and all four reports."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from stackgate import suite
+from stackgate.backends.base import EnvHandle, RunContext
+from stackgate.backends.venv import VenvBackend
+from stackgate.model import Cell, GpuClass, Role, RunnerPool, Status, Topology
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _run(args: list[str], cache_dir: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "stackgate", "run", "--cache-dir", str(cache_dir), *args],
+                          cwd=ROOT, capture_output=True, text=True, timeout=1500, check=False)
+
+
+def test_upgrade_torch_end_to_end_and_rerun_reuses_envs(tmp_path: Path, cache_dir: Path) -> None:
+    reports = tmp_path / "reports"
+    first = _run(["--profile", "quick", "--reports", str(reports), "--run-id", "one"], cache_dir)
+    assert first.returncode in (0, 1), first.stderr[-3000:] + first.stdout[-3000:]
+    run = reports / "one"
+    data = json.loads((run / "report.json").read_text())
+    assert data["schema_version"] == 1 and data["verdict"] in ("GO", "NO-GO")
+    cells = {c["id"]: c for c in data["cells"]}
+    prod = cells["prod-local-cpu-cpu-torch2.13.0-py3.11-1x2"]
+    cand = cells["local-cpu-cu130-torch2.14.1-py3.11-1x2"]
+    assert prod["status"] == "passed", prod["reason"]
+    assert cand["status"] == "passed", cand["reason"]
+    outcomes = {t["name"]: t["outcome"] for t in cand["tests"]}
+    for name in ("test_collectives.py::test_collective_correctness[2]",
+                 "test_collectives.py::test_collective_correctness[4]",
+                 "test_crossversion.py::test_load_dcp_model_and_optimizer",
+                 "test_crossversion.py::test_load_exported_program",
+                 "test_identity.py::test_cuda_build_matches_cell",
+                 "test_recsys.py::test_recsys_ddp_sharded_embeddings",
+                 "test_vit_fsdp.py::test_vit_fsdp2_mixed_precision_dcp_resume"):
+        assert outcomes[name] == "passed", name
+    assert data["rollback"] and data["rollback"][0]["status"] == "passed"  # production reads the candidate's
+    assert cand["environment"]["cuda"] == "13.0" and prod["environment"]["cuda"] is None
+    assert any(m["name"] == "busbw" for m in cand["metrics"])
+    assert data["not_run_here"] and data["pruned"]
+    blocking = [r for r in data["reasons"] if r["severity"] == "blocking"]
+    assert not [r for r in blocking if r["kind"] in ("failed-test", "numerics", "rollback")], blocking
+    ET.parse(run / "junit.xml")
+    assert "stackgate upgrade-torch" in (run / "report.md").read_text()
+    assert "id='verdict'" in (run / "report.html").read_text()
+
+    second = _run(["--profile", "quick", "--reports", str(reports), "--run-id", "two",
+                   "--only", "local-*", "--pytest-arg=-k", "--pytest-arg=identity"], cache_dir)
+    assert second.returncode in (0, 1), second.stderr[-3000:]
+    assert second.stdout.count("reused ") == 2, second.stdout
+    results = [json.loads(line) for line in (reports / "two" / "results.jsonl").read_text().splitlines()]
+    assert all(r["environment"]["env_reused"] for r in results)
+
+
+def test_two_nodes_by_two_processes_on_this_host(backend: VenvBackend, torch_env: EnvHandle, tmp_path: Path) -> None:
+    pool = RunnerPool("local", None, GpuClass.NONE, gpu="cpu", nodes=2, is_local=True)
+    cell = Cell(torch_env.stack, pool, Topology(2, 2), Role.CANDIDATE, required=True)
+    spec = suite.SuiteSpec(pytest_args=("-k", "test_collective_correctness or test_vit"), profile="quick",
+                           timeout_s=600)
+    result = backend.run(cell, torch_env, RunContext("mn", tmp_path, spec))
+    assert result.status is Status.PASSED, result.log_tail[-3000:]
+    names = {t.name: t.outcome for t in result.tests}
+    assert names["test_collectives.py::test_collective_correctness[2]"] == "passed"
+    assert names["test_vit_fsdp.py::test_vit_fsdp2_mixed_precision_dcp_resume"] == "passed"
+    wrong = [m for m in result.metrics if m.name == "collective_wrong_elements"]
+    assert wrong and dict(wrong[0].tags)["world_size"] == "4" and wrong[0].samples == (0.0,)
+
+
+@pytest.mark.parametrize("kill_after", [5])
+def test_cell_timeout_is_reported_as_timeout(backend: VenvBackend, torch_env: EnvHandle, tmp_path: Path,
+                                             kill_after: int) -> None:
+    pool = RunnerPool("local", None, GpuClass.NONE, gpu="cpu", nodes=1, is_local=True)
+    cell = Cell(torch_env.stack, pool, Topology(1, 2), Role.CANDIDATE)
+    spec = suite.SuiteSpec(pytest_args=("-k", "test_vit"), timeout_s=kill_after)
+    result = backend.run(cell, torch_env, RunContext("to", tmp_path, spec))
+    assert result.status is Status.TIMEOUT
+    assert result.duration_s < kill_after + 40

@@ -1,0 +1,83 @@
+from __future__ import annotations
+
+import datetime as dt
+import json
+import xml.etree.ElementTree as ET
+from dataclasses import replace
+from pathlib import Path
+
+from stackgate import gate, history, pipeline, selftest
+from stackgate.model import NotHere, TestOutcome
+from stackgate.policy import load_policy
+from stackgate.report import html_report, markdown
+from stackgate.report.data import RunReport, stack_diffs
+
+ROOT = Path(__file__).resolve().parents[2]
+EVIL = "<script>alert(1)</script> | **bold** `x`"
+
+
+def _report(fail: bool = False) -> RunReport:
+    prod, cand = selftest.recorded_cells()
+    pres, cres = selftest.recorded_result(prod, seed=1), selftest.recorded_result(cand, seed=2)
+    pres = replace(pres, environment={"torch": "2.13.0", "packages": ["torch==2.13.0", "numpy==2.0"]})
+    cres = replace(cres, environment={"torch": "2.14.1", "packages": ["torch==2.14.1", "numpy==2.0", "triton==3.8"]},
+                   warnings=(f"FutureWarning: {EVIL}",))
+    if fail:
+        cres = replace(cres, tests=(*cres.tests, TestOutcome(f"test_evil.py::test_{EVIL}", "failed", 1.0, EVIL)))
+    results = {prod.id: pres, cand.id: cres}
+    away = (NotHere(replace(cand, required=False), "pool p4d is not this machine"),)
+    outcome = gate.decide((prod, cand), away, results, load_policy(ROOT / "matrix" / "policy.toml"),
+                          dt.date(2026, 11, 29))
+    return RunReport("run-1", "upgrade-torch", "stable", "t0", "t1", outcome, 1, (prod, cand), results, away, (),
+                     stack_diffs((prod, cand), results), {}, {"recsys.step_time": [("a", 100.0), ("b", 101.0)]})
+
+
+def test_all_four_reports_are_written_and_json_follows_its_schema(tmp_path: Path) -> None:
+    report = _report()
+    pipeline.write_reports(report, tmp_path, 0, str(tmp_path / "summary.md"))
+    data = json.loads((tmp_path / "report.json").read_text())
+    assert data["schema_version"] == 1 and data["verdict"] == "GO" and data["decision"] == "GO"
+    assert {c["role"] for c in data["cells"]} == {"production", "candidate"}
+    assert data["not_run_here"][0]["reason"] == "pool p4d is not this machine"
+    assert data["stack_diff"][0]["facts"][0] == {"what": "torch", "production": "2.13.0", "candidate": "2.14.1"}
+    assert {"name": "triton", "production": None, "candidate": "3.8", "kind": "added"} in data["stack_diff"][0]["packages"]
+    assert any(c["gated"] and c["outcome"] == "ok" for c in data["comparisons"])
+    assert (tmp_path / "summary.md").read_text().startswith("# stackgate upgrade-torch: GO")
+
+
+def test_junit_is_valid_and_counts_cells_tests_and_not_run(tmp_path: Path) -> None:
+    report = _report(fail=True)
+    pipeline.write_reports(report, tmp_path, 1, None)
+    root = ET.parse(tmp_path / "junit.xml").getroot()
+    assert root.tag == "testsuites"
+    cases = list(root.iter("testcase"))
+    assert int(root.get("tests")) == len(cases)
+    assert int(root.get("failures")) == 1
+    assert any(c.get("classname") == "not-run-here" for c in cases)
+    assert sum(int(s.get("tests")) for s in root.iter("testsuite")) == len(cases)
+
+
+def test_markdown_and_html_escape_everything_quoted() -> None:
+    report = _report(fail=True)
+    assert report.gate.verdict.decision.value == "NO-GO"
+    md = markdown.render(report)
+    assert "<script>" not in md and "&lt;script&gt;" in md
+    assert "\\| \\*\\*bold\\*\\*" in md  # table cells cannot be broken by quoted text
+    page = html_report.render(report)
+    assert "<script>" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    assert 'id=\'verdict\'' in page and ">NO-GO<" in page
+    assert page.count("<svg") >= 3  # busbw is absent here; loss, step-time and trend plots are present
+
+
+def test_history_persists_and_yields_trends(tmp_path: Path) -> None:
+    db = tmp_path / "h.sqlite"
+    report = _report()
+    for i in range(3):
+        history.record(db, run_id=f"r{i}", matrix="upgrade-torch", channel="stable", started=f"2026-11-2{i}",
+                       finished="", decision="GO", verdict="GO", candidate="2.14.1",
+                       results=list(report.results.values()), summary={"passed": 2})
+    rows = history.runs(db)
+    assert [r.run_id for r in rows] == ["r2", "r1", "r0"]
+    trend = history.trends(db, channel="stable", matrix="upgrade-torch")
+    assert [run for run, _ in trend["recsys.step_time"]] == ["r0", "r1", "r2"]
+    assert history.trends(db, channel="nightly", matrix="upgrade-torch") == {}
