@@ -144,7 +144,7 @@ def _matrix_show(args: argparse.Namespace) -> int:
 
 def render_matrix_json(exp: object) -> dict[str, object]:
     from stackgate.matrix import Expansion
-    assert isinstance(exp, Expansion)  # noqa: S101 - internal call
+    assert isinstance(exp, Expansion)
     return {
         "cells": [c.to_json() for c in exp.cells],
         "not_run_here": [{**n.cell.to_json(), "reason": n.reason} for n in exp.not_here],
@@ -154,7 +154,7 @@ def render_matrix_json(exp: object) -> dict[str, object]:
 
 def render_matrix_text(exp: object) -> str:
     from stackgate.matrix import Expansion
-    assert isinstance(exp, Expansion)  # noqa: S101 - internal call
+    assert isinstance(exp, Expansion)
     lines = [f"{'cell':60} {'role':10} {'req':4} status"]
     for c in exp.cells:
         lines.append(f"{c.id:60} {c.role.value:10} {'yes' if c.required else 'no':4} runs here")

@@ -88,7 +88,8 @@ def load_compat(path: Path) -> CompatTable:
     fc = tomlfile.get(doc, doc.data, "forward_compat", dict, default={})
     tomlfile.check_keys(doc, fc, ["gpu_classes", "min_driver", "source"], "forward_compat")
     classes = tuple(
-        _located(doc, lambda c=c: GpuClass(c), "forward_compat", "gpu_classes")
+        _located(doc, lambda c=c: GpuClass(c),
+            "forward_compat", "gpu_classes")
         for c in tomlfile.str_list(doc, fc, "gpu_classes", "forward_compat", default=["datacenter"])
     )
     releases: dict[str, TorchRelease] = {}
@@ -141,7 +142,7 @@ def check(
     outcomes: list[RuleOutcome] = []
     release = table.release(torch)
     if release is None:
-        known = ", ".join(sorted(table.torch, key=lambda s: Version(s)))
+        known = ", ".join(sorted(table.torch, key=Version))
         outcomes.append(RuleOutcome("torch-release-known", False,
                                     f"torch {torch} (series {release_series(torch)}) is not in {table.path.name}; known: {known}"))
     else:

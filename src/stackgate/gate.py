@@ -61,7 +61,7 @@ class GateOutcome:
 
 
 def _matches(name: str, globs: Sequence[str]) -> bool:
-    return any(fnmatch.fnmatchcase(name, g) or fnmatch.fnmatchcase(name.split("/")[-1], g) for g in globs)
+    return any(fnmatch.fnmatchcase(name, g) or fnmatch.fnmatchcase(name.rsplit("/", maxsplit=1)[-1], g) for g in globs)
 
 
 def decide(cells: Sequence[Cell], not_here: Sequence[NotHere], results: Mapping[str, CellResult],

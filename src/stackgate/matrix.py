@@ -222,7 +222,7 @@ def load_matrix(path: Path) -> MatrixSpec:
     if channel not in ("stable", "nightly", "test"):
         raise doc.error(f"unknown channel {channel!r}", "matrix", "channel", hint="use stable, test or nightly")
     rules: dict[str, list[Rule]] = {"include": [], "exclude": []}
-    for kind in rules:
+    for kind, bucket in rules.items():
         rows = tomlfile.get(doc, doc.data, kind, list, default=[])
         for index, row in enumerate(rows):
             if not isinstance(row, dict):
@@ -232,7 +232,7 @@ def load_matrix(path: Path) -> MatrixSpec:
             line = _nth_header_line(doc, kind, index)
             if kind == "include" and "pool" not in row:
                 raise ConfigError("[[include]] needs a 'pool'", path=path, line=line)
-            rules[kind].append(Rule(fields=fields, line=line))
+            bucket.append(Rule(fields=fields, line=line))
     return MatrixSpec(
         path=path,
         name=tomlfile.get(doc, m, "name", str, "matrix", default=path.stem),

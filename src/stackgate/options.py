@@ -112,7 +112,7 @@ def resolve(cli: Mapping[str, Any], env: Mapping[str, str], project_file: Path |
         layers.append((str(project_file), {k.replace("-", "_"): v for k, v in run.items()}))
     layers.append(("environment", {k[len("STACKGATE_"):].lower(): v for k, v in env.items()
                                    if k.startswith("STACKGATE_") and k[len("STACKGATE_"):].lower() in FIELDS}))
-    layers.append(("command line", {k: v for k, v in cli.items() if v is not None and v != () and v != []}))
+    layers.append(("command line", {k: v for k, v in cli.items() if v is not None and v not in ((), [])}))
     for source, layer in layers:
         for name, raw in layer.items():
             if name not in FIELDS:

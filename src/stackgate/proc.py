@@ -59,9 +59,9 @@ def run(
         raise InfraError(f"cannot start {argv[0]}: {exc.strerror}", hint="is it installed and on PATH?") from None
 
     def pump() -> None:
-        assert proc.stdout is not None  # noqa: S101 - Popen contract with stdout=PIPE
-        for line in proc.stdout:
-            line = line.rstrip("\n")
+        assert proc.stdout is not None
+        for raw in proc.stdout:
+            line = raw.rstrip("\n")
             tail.append(line)
             if log:
                 log.write(line + "\n")

@@ -16,7 +16,19 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from stackgate import gate
-from stackgate.model import Cell, GpuClass, CellResult, Metric, Role, RunnerPool, Stack, Status, TestOutcome, Topology, Transport
+from stackgate.model import (
+    Cell,
+    CellResult,
+    GpuClass,
+    Metric,
+    Role,
+    RunnerPool,
+    Stack,
+    Status,
+    TestOutcome,
+    Topology,
+    Transport,
+)
 from stackgate.policy import Policy, load_policy
 from stackgate.versions import CudaVariant, parse_driver, parse_torch
 

@@ -92,7 +92,7 @@ class Parity:
 def parity(base: Sequence[float], cand: Sequence[float], *, rtol: float, atol: float, steps: int | None = None) -> Parity:
     """Elementwise trajectory comparison (losses, grad norms) over the first `steps` values."""
     n = min(len(base), len(cand), steps or max(len(base), len(cand)))
-    worst_i, worst_abs, worst_rel, within = -1, 0.0, 0.0, len(base) >= n and len(cand) >= n and n > 0
+    worst_i, worst_abs, worst_rel, within = -1, 0.0, 0.0, len(base) >= n and len(cand) >= n > 0
     for i in range(n):
         diff = abs(cand[i] - base[i])
         rel = diff / abs(base[i]) if base[i] else (0.0 if diff == 0 else float("inf"))

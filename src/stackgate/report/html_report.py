@@ -38,7 +38,8 @@ def _series_svg(title: str, series: Sequence[tuple[str, Sequence[tuple[float, fl
     xs = [fx(x) for x, _ in pts]
     ys = [y for _, y in pts]
     x0, x1 = min(xs), max(xs) if max(xs) > min(xs) else min(xs) + 1
-    y0, y1 = min(0.0, min(ys)), max(ys) if max(ys) > min(0.0, min(ys)) else 1.0
+    y0 = min(0.0, *ys)
+    y1 = max(ys) if max(ys) > y0 else y0 + 1.0
 
     def sx(x: float) -> float:
         return pad + (fx(x) - x0) / (x1 - x0) * (w - 2 * pad)
