@@ -34,6 +34,12 @@ def matrix(session: nox.Session) -> None:
     _stackgate(session, "matrix", "show")
 
 
+@nox.session(name="base-image", python=PYTHON)
+def base_image(session: nox.Session) -> None:
+    """Bootstrap the local Debian base image (debootstrap + docker import) for registry-less hosts."""
+    _stackgate(session, "base-image")
+
+
 @nox.session(python=PYTHON)
 def selftest(session: nox.Session) -> None:
     """Inject known faults into recorded results and check the gate catches each."""

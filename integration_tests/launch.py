@@ -7,12 +7,15 @@ STACKGATE_RDZV_ENDPOINT with a per-test rendezvous id.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,8 +59,15 @@ def launch(target: str, outdir: Path, *, nproc_per_node: int | None = None, time
     argv = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={topo.nproc_per_node}",
             "--max-restarts=0", "--monitor-interval=0.5"]
     if topo.nnodes > 1:
-        rdzv = hashlib.sha1(f"{os.environ.get('STACKGATE_RUN_ID', '')}:{test_id}".encode()).hexdigest()[:12]
-        argv += [f"--nnodes={topo.nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={topo.endpoint}",
+        digest = hashlib.sha1(f"{os.environ.get('STACKGATE_RUN_ID', '')}:{test_id}".encode()).hexdigest()
+        rdzv = digest[:12]
+        # every test meets on its own port: a peer that is still tearing down the previous test's
+        # store (after a failure, say) cannot swallow the next test's rendezvous
+        host, _, port = topo.endpoint.rpartition(":")
+        endpoint = f"{host}:{int(port) + int(digest[12:16], 16) % 2000}"
+        if topo.node_rank != 0:
+            _wait_for(endpoint, timeout_s)  # node 0 hosts the store; joining before it listens fails fast
+        argv += [f"--nnodes={topo.nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}",
                  f"--rdzv-id={rdzv}", f"--node-rank={topo.node_rank}", "--rdzv-conf=join_timeout=120"]
     else:
         argv += ["--standalone", "--nnodes=1"]
@@ -69,6 +79,8 @@ def launch(target: str, outdir: Path, *, nproc_per_node: int | None = None, time
     try:
         out, _ = proc.communicate(timeout=timeout_s + 30)
         timed_out = False
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)  # ranks orphaned by a dead agent must not linger
     except subprocess.TimeoutExpired:
         timed_out = True
         for sig in (signal.SIGTERM, signal.SIGKILL):
@@ -87,6 +99,15 @@ def launch(target: str, outdir: Path, *, nproc_per_node: int | None = None, time
         raise DistributedFailure(_explain(outdir, out or "", proc.returncode, timed_out, timeout_s, results,
                                           expected_local))
     return results
+
+
+def _wait_for(endpoint: str, timeout_s: float) -> None:
+    host, _, port = endpoint.rpartition(":")
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError), socket.create_connection((host, int(port)), timeout=2):
+            return
+        time.sleep(0.2)
 
 
 def _explain(outdir: Path, launcher_out: str, rc: int | None, timed_out: bool, timeout_s: float,

@@ -33,6 +33,10 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--find-links", action="append", default=[])
     p.add_argument("--nightly-version", help="pin the nightly build, e.g. 2.15.0.dev20261128")
     p.add_argument("--history", help="history database (default reports/history.sqlite)")
+    p.add_argument("--no-bootstrap-base", dest="bootstrap_base", action="store_false", default=None,
+                   help="never debootstrap a local base image when the configured base is missing")
+    p.add_argument("--debian-mirror", help="Debian mirror for the base-image bootstrap")
+    p.add_argument("--ca-bundle", help="extra CA bundle for resolving wheels on the host (never enters an image)")
     p.add_argument("--no-rollback", dest="rollback", action="store_false", default=None,
                    help="skip the rollback phase (production reading the candidate's artifacts)")
 
@@ -70,6 +74,11 @@ def build_parser() -> argparse.ArgumentParser:
     hist.add_argument("--matrix")
     hist.add_argument("--json", action="store_true")
 
+    base = sub.add_parser("base-image", help="bootstrap the local Debian base image (debootstrap + docker import)")
+    base.add_argument("--tag", default="stackgate/base:bookworm")
+    base.add_argument("--mirror", default="http://deb.debian.org/debian")
+    base.add_argument("--force", action="store_true", help="rebuild even if the tag exists")
+
     st = sub.add_parser("selftest", help="inject known faults and check the gate catches each")
     st.add_argument("--json", action="store_true")
     return parser
@@ -102,6 +111,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         return _matrix_show(args)
     if args.command == "history":
         return _history(args)
+    if args.command == "base-image":
+        return _base_image(args)
     if args.command == "selftest":
         from stackgate import selftest
         return selftest.main(as_json=args.json)
@@ -178,4 +189,23 @@ def _history(args: argparse.Namespace) -> int:
     print(f"{'run':45} {'matrix':15} {'channel':8} {'decision':13} candidate")
     for r in rows:
         print(f"{r.run_id:45} {r.matrix:15} {r.channel:8} {r.decision:13} {r.candidate}")
+    return 0
+
+
+def _base_image(args: argparse.Namespace) -> int:
+    import tempfile
+
+    from stackgate import images
+    from stackgate.docker_engine import DockerEngine
+    from stackgate.errors import InfraError
+    engine = DockerEngine()
+    problem = engine.problem()
+    if problem:
+        raise InfraError(problem, hint="start dockerd first")
+    if not args.force and engine.image_labels(args.tag) is not None:
+        print(f"{args.tag} already present")
+        return 0
+    with tempfile.TemporaryDirectory(prefix="stackgate-base-") as work:
+        images.bootstrap_base(engine, args.tag, mirror=args.mirror, work_dir=Path(work))
+    print(f"imported {args.tag}")
     return 0

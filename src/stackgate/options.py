@@ -77,6 +77,9 @@ FIELDS: dict[str, tuple[Callable[[Any], Any], Any]] = {
     "nightly_version": (str, None),
     "history": (_path, None),
     "rollback": (_bool, True),
+    "bootstrap_base": (_bool, True),
+    "debian_mirror": (str, "http://deb.debian.org/debian"),
+    "ca_bundle": (str, None),
 }
 
 

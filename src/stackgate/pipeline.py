@@ -72,12 +72,20 @@ def load(opts: Options, env: Mapping[str, str], local: matrix.LocalHost) -> Load
 
 
 def make_backend(opts: Options, loaded: Loaded, env: Mapping[str, str], say: Printer) -> Backend:
+    """`docker` when asked for, or by default whenever an engine answers; `venv` otherwise (with a notice)."""
     from stackgate.backends.venv import VenvBackend
-    if opts.backend == "docker":
-        raise ConfigError("the docker backend is not available in this version of stackgate",
-                          hint="use --backend venv (or auto); the Docker backend is tracked in issue #3")
-    if opts.backend == "auto":
-        say("backend: venv (the Docker backend is not available yet; see issue #3)")
+    if opts.backend in ("docker", "auto"):
+        from stackgate.backends.docker import DockerBackend
+        from stackgate.docker_engine import DockerEngine
+        engine = DockerEngine()
+        problem = engine.problem()
+        if problem is None:
+            return DockerBackend(engine, opts.cache_dir, loaded.table, loaded.host_pip, env, suite_dir=BUNDLED_SUITE,
+                                 allow_bootstrap=opts.bootstrap_base, mirror=opts.debian_mirror,
+                                 ca_bundle=opts.ca_bundle, say=say)
+        if opts.backend == "docker":
+            raise InfraError(problem, hint="start the Docker engine, or use --backend venv")
+        say(f"notice: {problem}; falling back to the venv backend")
     return VenvBackend(opts.cache_dir, loaded.table, loaded.host_pip, env)
 
 

@@ -3,7 +3,9 @@ and resolve the `nightly` channel to a concrete `.devYYYYMMDD` build."""
 
 from __future__ import annotations
 
+import importlib.util
 import re
+import shutil
 import sys
 import urllib.parse
 from collections.abc import Mapping
@@ -28,10 +30,22 @@ class PipConfig:
     cert: str | None = None
 
 
+def pip_command() -> list[str]:
+    """A pip to ask: this interpreter's, else the one on PATH (uv-made venvs, such as nox's, have none)."""
+    if importlib.util.find_spec("pip") is not None:
+        return [sys.executable, "-m", "pip"]
+    for name in ("pip3", "pip"):
+        found = shutil.which(name)
+        if found:
+            return [found]
+    raise InfraError("no pip found to read the host's pip configuration or download wheels",
+                     hint="install pip (python3 -m ensurepip) or pass --find-links/--index-url explicitly")
+
+
 def read_pip_config(env: Mapping[str, str]) -> PipConfig:
     """`pip config list` merges files and PIP_* variables; uv ignores them, so we pass them on."""
     try:
-        text = proc.capture([sys.executable, "-m", "pip", "config", "list"], env=env, timeout_s=60)
+        text = proc.capture([*pip_command(), "config", "list"], env=env, timeout_s=60)
     except InfraError:
         return PipConfig()
     return parse_pip_config(text)

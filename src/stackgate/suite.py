@@ -18,7 +18,7 @@ from stackgate.model import Cell, CellResult, Metric, Status, TestOutcome
 from stackgate.proc import ProcResult
 
 BUNDLED_SUITE = Path(__file__).resolve().parents[2] / "integration_tests"
-_OOM = re.compile(r"(Killed|OutOfMemoryError|CUDA out of memory|std::bad_alloc|MemoryError)")
+_OOM = re.compile(r"(OOMKilled|^Killed$|OutOfMemoryError|CUDA out of memory|std::bad_alloc|MemoryError)")
 
 
 @dataclass(frozen=True)
@@ -137,9 +137,10 @@ def classify(procs: list[ProcResult], tests: tuple[TestOutcome, ...]) -> tuple[S
         return Status.TIMEOUT, "the suite exceeded the cell timeout"
     tails = "\n".join(p.tail for p in procs)
     for p in procs:
-        if p.returncode in (-9, 137) or (p.returncode < 0 and _OOM.search(p.tail)):
-            return (Status.OOM if _OOM.search(p.tail) or p.returncode in (-9, 137) else Status.CRASHED,
-                    f"process killed (exit {p.returncode}); likely out of memory")
+        if p.returncode in (-9, 137) and _OOM.search(p.tail):
+            return Status.OOM, f"{p.argv[0]} was killed (exit {p.returncode}): out of memory"
+        if p.returncode in (-9, 137):
+            return Status.CRASHED, f"{p.argv[0]} was killed (signal 9)"
         if p.returncode < 0:
             return Status.CRASHED, f"suite process died with signal {-p.returncode}"
     if any(t.outcome in ("failed", "error") and _OOM.search(t.message) for t in tests):

@@ -31,7 +31,6 @@ def test_bad_input_exits_2_with_a_message(capsys: pytest.CaptureFixture[str], tm
     assert main(["run", "--candidate", "banana", "--reports", str(tmp_path)]) == 2
     assert main(["run", "--only", "nothing-*", "--reports", str(tmp_path)]) == 2
     assert "zero cells" in capsys.readouterr().err
-    assert main(["run", "--backend", "docker", "--reports", str(tmp_path)]) == 2
     assert not any(tmp_path.iterdir())  # nothing half-written
 
 

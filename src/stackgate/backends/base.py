@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -64,7 +65,14 @@ class Backend(Protocol):
     def close(self) -> None: ...
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def free_port(low: int = 20000, high: int = 40000) -> int:
+    """A free port well below the ephemeral range; the suite offsets it per test (up to +2000)."""
+    for _ in range(200):
+        port = random.randrange(low, high)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise OSError("no free port found for the rendezvous")

@@ -1,0 +1,137 @@
+"""The `docker` backend: one image per stack (content-hash tagged, reused when unchanged); a cell
+runs one container per node on a private network, each `torchrun`-ing through the suite."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from stackgate import images, suite
+from stackgate.backends.base import EnvHandle, PrepareFailed, RunContext
+from stackgate.compat import CompatTable
+from stackgate.docker_engine import BuildError, ContainerExit, ContainerSpec, Engine
+from stackgate.model import Cell, CellResult, Stack
+from stackgate.proc import ProcResult
+from stackgate.sources import PipConfig, installer_args
+
+SUITE_IN_IMAGE = "/opt/stackgate/suite"
+RDZV_PORT = 29400
+
+
+class DockerBackend:
+    name = "docker"
+
+    def __init__(self, engine: Engine, cache_dir: Path, compat: CompatTable, host_pip: PipConfig,
+                 env: Mapping[str, str], *, suite_dir: Path, allow_bootstrap: bool = True,
+                 mirror: str = "http://deb.debian.org/debian", ca_bundle: str | None = None,
+                 say: Callable[[str], None] = print, requirements: tuple[str, ...] = ("numpy", "pytest")) -> None:
+        self.engine = engine
+        self.cache_dir = cache_dir
+        self.compat = compat
+        self.host_pip = host_pip
+        self.env = dict(env)
+        self.suite_dir = suite_dir
+        self.allow_bootstrap = allow_bootstrap
+        self.mirror = mirror
+        self.ca_bundle = images.host_ca_bundle(host_pip, ca_bundle)
+        self.say = say
+        self.suite_requirements = requirements
+
+    def requirements(self, stack: Stack) -> list[str]:
+        release = self.compat.release(stack.torch)
+        return [stack.requirement(release.pypi_default if release else None), *self.suite_requirements,
+                *stack.extra_requirements]
+
+    def prepare(self, stack: Stack, log_path: Path) -> EnvHandle:
+        start = time.monotonic()
+        base = stack.base_image
+        base_id = images.ensure_base(self.engine, base, allow_bootstrap=self.allow_bootstrap
+                                     and base.startswith("stackgate/base:"), mirror=self.mirror, say=self.say,
+                                     work_dir=log_path.parent)
+        reqs = self.requirements(stack)
+        house = images.wheelhouse(self.cache_dir, reqs, installer_args(stack.source, self.host_pip), stack.python,
+                                  self.ca_bundle, self.env, log_path)
+        template = images.TEMPLATE.read_text()
+        key = images.image_key(template, base_id, house, images.suite_digest(self.suite_dir), reqs)
+        tag = f"stackgate/stack:{stack.label}-{key}"
+        found = self.engine.image_labels(tag)
+        if found is None:
+            dockerfile = images.render(template, base=base, requirements=reqs,
+                                       label_map=images.labels(stack, house, base, base_id, key))
+            ctx = images.build_context(dockerfile, house, self.suite_dir)
+            try:
+                with log_path.open("a") as log:
+                    def on_line(line: str) -> None:
+                        log.write(line + "\n")
+                    self.engine.build(ctx, tag, on_line)
+            except BuildError as exc:
+                raise PrepareFailed(str(exc), exc.log_tail) from None
+            finally:
+                shutil.rmtree(ctx, ignore_errors=True)
+            found = self.engine.image_labels(tag) or {}
+            reused = False
+        else:
+            reused = True
+        sbom = {"kind": "image", "tag": tag, "key": key, "labels": {k: v for k, v in found.items() if k != "_id"},
+                "image_id": found.get("_id", ""), "wheels": [w.filename for w in house.wheels]}
+        try:
+            sbom["packages"] = self.engine.read_file(tag, "/opt/stackgate/sbom/pip-freeze.txt").split()
+        except Exception as exc:  # noqa: BLE001 - the SBOM is evidence, not a precondition
+            sbom["sbom_error"] = str(exc)
+        return EnvHandle(stack, tag, key, reused=reused, prepare_s=time.monotonic() - start, sbom=sbom)
+
+    def run(self, cell: Cell, handle: EnvHandle, ctx: RunContext, phase: str = "main") -> CellResult:
+        workdir = ctx.cell_dir(cell, phase)
+        for old in [*workdir.glob("junit-node*.xml"), *workdir.glob("results-node*.jsonl")]:
+            old.unlink()
+        shared = workdir / "shared"
+        shared.mkdir(exist_ok=True)
+        artifacts = ctx.artifacts_dir(cell)
+        tag = hashlib.sha1(f"{ctx.run_id}/{cell.id}/{phase}".encode()).hexdigest()[:10]
+        nodes = cell.topology.nodes
+        network = f"sg-{tag}" if nodes > 1 else None
+        suite_path = SUITE_IN_IMAGE
+        mounts = [(str(workdir), "/sg/out", "rw"), (str(artifacts), "/sg/artifacts", "rw"),
+                  (str(shared), "/sg/shared", "rw")]
+        if ctx.suite.path.resolve() != self.suite_dir.resolve():
+            suite_path = "/sg/suite"
+            mounts.append((str(ctx.suite.path.resolve()), suite_path, "ro"))
+        specs = []
+        for i in range(nodes):
+            env = suite.suite_env(cell, results=Path(f"/sg/out/results-node{i}.jsonl"), artifacts=Path("/sg/artifacts"),
+                                  shared=Path("/sg/shared"), profile=ctx.suite.profile, run_id=ctx.run_id,
+                                  node_rank=i, endpoint=f"node0:{RDZV_PORT}" if nodes > 1 else "", phase=phase)
+            spec_suite = suite.SuiteSpec(path=Path(suite_path), pytest_args=ctx.suite.pytest_args,
+                                         profile=ctx.suite.profile, timeout_s=ctx.suite.timeout_s)
+            argv = suite.pytest_argv("python", spec_suite, Path(f"/sg/out/junit-node{i}.xml"), phase)
+            specs.append(ContainerSpec(
+                name=f"sg-{tag}-node{i}", image=handle.ref, command=tuple(argv), env=env, mounts=tuple(mounts),
+                hostname=f"node{i}", gpu=cell.device == "cuda", user=f"{os.getuid()}:{os.getgid()}"))
+        start = time.monotonic()
+        exits = self.engine.run_group(specs, network=network, timeout_s=ctx.suite.timeout_s, on_line=ctx.on_line)
+        for i, ex in enumerate(exits):
+            (workdir / f"node{i}.log").write_text(ex.log)
+        procs = [_as_proc(ex) for ex in exits]
+        return suite.build_result(cell, procs, workdir, time.monotonic() - start, phase,
+                                  extra_env={"backend": "docker", "image": handle.ref, "env_key": handle.key,
+                                             "image_labels": handle.sbom.get("labels", {})})
+
+    def close(self) -> None:
+        return None
+
+
+def _as_proc(ex: ContainerExit) -> ProcResult:
+    """A container's exit, in the shape the suite classifier reads."""
+    tail = "\n".join(ex.log.splitlines()[-200:])
+    code = ex.exit_code if ex.exit_code is not None else -9
+    if ex.oom_killed:
+        tail += "\n[stackgate] container OOMKilled"
+        code = -9
+    elif code == 137:
+        code = -9
+        tail += f"\n[stackgate] container {ex.name} was killed (exit 137)"
+    return ProcResult((ex.name,), code, ex.timed_out, ex.duration_s, tail)

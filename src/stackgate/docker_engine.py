@@ -1,0 +1,241 @@
+"""The one boundary for Docker: every docker SDK call lives here, behind the small `Engine` protocol.
+
+Containers and networks made by `run_group` are always removed, whatever happens. GPU flags
+(device_requests, shm size, memlock/stack ulimits) are added here for GPU cells only; every
+container gets no capabilities, no new privileges, a read-only root and an internal network.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import tarfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from stackgate.errors import InfraError
+
+Printer = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class ContainerSpec:
+    name: str
+    image: str
+    command: tuple[str, ...]
+    env: dict[str, str]
+    mounts: tuple[tuple[str, str, str], ...]  # (host path, container path, "rw"|"ro")
+    hostname: str
+    gpu: bool = False
+    user: str | None = None
+
+
+@dataclass(frozen=True)
+class ContainerExit:
+    name: str
+    exit_code: int | None
+    oom_killed: bool
+    timed_out: bool
+    log: str
+    duration_s: float = 0.0
+
+
+class BuildError(Exception):
+    def __init__(self, message: str, log_tail: str) -> None:
+        super().__init__(message)
+        self.log_tail = log_tail
+
+
+class Engine(Protocol):
+    def problem(self) -> str | None: ...
+    def image_labels(self, tag: str) -> dict[str, str] | None: ...
+    def build(self, context: Path, tag: str, on_line: Printer | None) -> None: ...
+    def import_rootfs(self, rootfs: Path, tag: str) -> None: ...
+    def read_file(self, tag: str, path: str) -> str: ...
+    def run_group(self, specs: Sequence[ContainerSpec], *, network: str | None, timeout_s: float,
+                  on_line: Printer | None) -> list[ContainerExit]: ...
+
+
+@dataclass
+class DockerEngine:
+    """The real engine, through the docker SDK (docker-py)."""
+
+    timeout_s: int = 600
+    _client: Any = field(default=None, init=False, repr=False)
+
+    @property
+    def client(self) -> Any:
+        if self._client is None:
+            import docker
+            try:
+                self._client = docker.from_env(timeout=self.timeout_s)
+            except docker.errors.DockerException as exc:
+                raise InfraError(f"cannot reach the Docker engine: {exc}",
+                                 hint="start dockerd (see .ci/run) or use --backend venv") from None
+        return self._client
+
+    def problem(self) -> str | None:
+        try:
+            self.client.ping()
+        except Exception as exc:  # noqa: BLE001 - any failure means "not usable"
+            return f"Docker engine not answering: {exc}"
+        return None
+
+    def image_labels(self, tag: str) -> dict[str, str] | None:
+        import docker
+        try:
+            image = self.client.images.get(tag)
+        except docker.errors.ImageNotFound:
+            return None
+        except docker.errors.APIError as exc:
+            raise InfraError(f"Docker engine error: {exc}") from None
+        labels = image.labels or {}
+        return {**labels, "_id": image.id}
+
+    def build(self, context: Path, tag: str, on_line: Printer | None) -> None:
+        import docker
+        tail: list[str] = []
+        try:
+            stream = self.client.api.build(path=str(context), tag=tag, rm=True, forcerm=True, decode=True,
+                                           pull=False)
+            for chunk in stream:
+                text = chunk.get("stream") or chunk.get("status") or ""
+                if "error" in chunk:
+                    tail.append(str(chunk["error"]))
+                    raise BuildError(f"docker build of {tag} failed: {chunk['error']}", "\n".join(tail[-80:]))
+                for line in text.splitlines():
+                    if line.strip():
+                        tail.append(line)
+                        if on_line:
+                            on_line(line)
+        except docker.errors.APIError as exc:
+            raise BuildError(f"docker build of {tag} failed: {exc}", "\n".join(tail[-80:])) from None
+
+    def import_rootfs(self, rootfs: Path, tag: str) -> None:
+        """`tar -C rootfs -c . | docker import - tag`, streamed."""
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            tar.add(str(rootfs), arcname=".")
+        buf.seek(0)
+        repo, _, version = tag.partition(":")
+        self.client.api.import_image_from_data(buf.getvalue(), repository=repo, tag=version or "latest")
+
+    def read_file(self, tag: str, path: str) -> str:
+        """Read a file from an image without running anything in it."""
+        container = self.client.containers.create(tag, command=["true"])
+        try:
+            stream, _ = container.get_archive(path)
+            data = b"".join(stream)
+        finally:
+            container.remove(force=True)
+        with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+            member = tar.getmembers()[0]
+            fh = tar.extractfile(member)
+            return fh.read().decode(errors="replace") if fh else ""
+
+    @contextlib.contextmanager
+    def _network(self, name: str | None) -> Iterator[Any]:
+        if name is None:
+            yield None
+            return
+        net = self.client.networks.create(name, driver="bridge", internal=True, check_duplicate=True)
+        try:
+            yield net
+        finally:
+            with contextlib.suppress(Exception):
+                net.remove()
+
+    def run_group(self, specs: Sequence[ContainerSpec], *, network: str | None, timeout_s: float,
+                  on_line: Printer | None) -> list[ContainerExit]:
+        import docker
+        containers: list[Any] = []
+        start = time.monotonic()
+        try:
+            with self._network(network):
+                for spec in specs:
+                    kwargs = container_kwargs(spec, network)
+                    containers.append(self.client.containers.run(spec.image, **kwargs))
+                if on_line and containers:
+                    threading.Thread(target=_follow, args=(containers[0], on_line), daemon=True).start()
+                timed_out = _wait_all(containers, timeout_s)
+                exits = []
+                for c in containers:
+                    c.reload()
+                    state = c.attrs.get("State", {})
+                    log = c.logs(stdout=True, stderr=True).decode(errors="replace")
+                    exits.append(ContainerExit(
+                        name=c.name, exit_code=state.get("ExitCode") if not timed_out else None,
+                        oom_killed=bool(state.get("OOMKilled")), timed_out=timed_out, log=log,
+                        duration_s=time.monotonic() - start))
+                return exits
+        except docker.errors.ImageNotFound as exc:
+            raise InfraError(f"image missing: {exc}") from None
+        except docker.errors.APIError as exc:
+            raise InfraError(f"Docker engine error while running {specs[0].name if specs else ''}: {exc}") from None
+        except Exception as exc:  # requests.ConnectionError when the daemon goes away mid-run
+            if exc.__class__.__module__.startswith(("requests", "urllib3")):
+                raise InfraError(f"lost the Docker engine: {exc}") from None
+            raise
+        finally:
+            for c in containers:
+                with contextlib.suppress(Exception):
+                    c.remove(force=True)
+
+
+def container_kwargs(spec: ContainerSpec, network: str | None) -> dict[str, Any]:
+    """docker SDK `containers.run` arguments: least privilege for all, GPU flags for GPU cells only."""
+    from docker.types import DeviceRequest, Ulimit
+    kwargs: dict[str, Any] = {
+        "name": spec.name, "hostname": spec.hostname, "environment": spec.env,
+        "command": list(spec.command), "detach": True,
+        "volumes": {h: {"bind": c, "mode": m} for h, c, m in spec.mounts},
+        "cap_drop": ["ALL"], "security_opt": ["no-new-privileges:true"], "read_only": True,
+        "tmpfs": {"/tmp": "rw,exec,size=8g"}, "pids_limit": 4096, "user": spec.user,
+    }
+    if network:
+        kwargs["network"] = network
+    else:
+        kwargs["network_mode"] = "none"  # a single-node cell needs no network at all
+    if spec.gpu:
+        # NCCL needs a large /dev/shm and unlimited locked memory (GPUDirect RDMA registration);
+        # IPC stays private: ranks of one cell share a container, so no host IPC namespace is needed.
+        kwargs.update(
+            device_requests=[DeviceRequest(count=-1, capabilities=[["gpu"]])],
+            shm_size="16g",
+            ulimits=[Ulimit(name="memlock", soft=-1, hard=-1), Ulimit(name="stack", soft=67108864, hard=67108864)],
+        )
+    return kwargs
+
+
+def _wait_all(containers: Sequence[Any], timeout_s: float) -> bool:
+    """Wait for every container; on timeout kill them all. Returns whether it timed out."""
+    deadline = time.monotonic() + timeout_s
+    pending = list(containers)
+    while pending:
+        for c in list(pending):
+            c.reload()
+            if c.status in ("exited", "dead"):
+                pending.remove(c)
+        if not pending:
+            return False
+        if time.monotonic() > deadline:
+            for c in pending:
+                with contextlib.suppress(Exception):
+                    c.kill()
+            return True
+        time.sleep(0.5)
+    return False
+
+
+def _follow(container: Any, on_line: Printer) -> None:
+    with contextlib.suppress(Exception):
+        buffer = b""
+        for chunk in container.logs(stream=True, follow=True):
+            buffer += chunk
+            while b"\n" in buffer:
+                line, buffer = buffer.split(b"\n", 1)
+                on_line(line.decode(errors="replace"))

@@ -1,0 +1,211 @@
+"""Image planning for the Docker backend: host-side wheelhouse, rendered Dockerfile, content key,
+labels, and the local base-image bootstrap (debootstrap + docker import) for registry-less hosts.
+
+Everything here is plain functions over files; the Docker engine is only touched through
+`docker_engine.Engine`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from packaging.utils import parse_wheel_filename
+
+from stackgate import proc
+from stackgate.docker_engine import Engine
+from stackgate.errors import InfraError
+from stackgate.model import Stack
+from stackgate.sources import PipConfig, pip_command
+
+ROOT = Path(__file__).resolve().parents[2]
+TEMPLATE = ROOT / "images" / "Dockerfile.template"
+LOCAL_BASE = "stackgate/base:bookworm"
+BASE_PACKAGES = ("python3", "python3-venv", "python3-dev", "g++", "libgomp1", "procps")  # torch.compile needs g++ + Python.h
+PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
+
+
+@dataclass(frozen=True)
+class Wheel:
+    filename: str
+    sha256: str
+
+
+@dataclass(frozen=True)
+class Wheelhouse:
+    path: Path
+    wheels: tuple[Wheel, ...]
+
+    def version_of(self, project: str) -> str | None:
+        for w in self.wheels:
+            name, version, _, _ = parse_wheel_filename(w.filename)
+            if name == project:
+                return str(version)
+        return None
+
+    def version_with_prefix(self, prefix: str) -> str | None:
+        for w in self.wheels:
+            name, version, _, _ = parse_wheel_filename(w.filename)
+            if str(name).startswith(prefix):
+                return str(version)
+        return None
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def download_args(index_args: Sequence[str], python: str, ca_bundle: str | None) -> list[str]:
+    """pip download arguments for the target Python/platform (not the host's)."""
+    args = ["--only-binary=:all:", "--python-version", python.rstrip("t"), "--implementation", "cp",
+            "--disable-pip-version-check"]
+    for platform in PLATFORMS:
+        args += ["--platform", platform]
+    translated = []
+    skip = False
+    for i, a in enumerate(index_args):  # uv spellings -> pip spellings
+        if skip:
+            skip = False
+            continue
+        if a == "--index-strategy":
+            skip = True
+            continue
+        if a == "--prerelease":
+            skip = True
+            translated.append("--pre")
+            continue
+        translated.append(a)
+        _ = i
+    if ca_bundle:
+        args += ["--cert", ca_bundle]
+    return args + translated
+
+
+def wheelhouse(cache_dir: Path, requirements: Sequence[str], index_args: Sequence[str], python: str,
+               ca_bundle: str | None, env: dict[str, str], log_path: Path) -> Wheelhouse:
+    """Resolve and download on the host into a content-addressed directory (reused when present)."""
+    key = hashlib.sha256(json.dumps([list(requirements), list(index_args), python], sort_keys=True).encode())
+    path = cache_dir / "wheelhouse" / key.hexdigest()[:16]
+    manifest = path / "wheels.json"
+    if manifest.exists():
+        data = json.loads(manifest.read_text())
+        return Wheelhouse(path, tuple(Wheel(**w) for w in data))
+    staging = path.with_name(path.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    argv = [*pip_command(), "download", "-d", str(staging),
+            *download_args(index_args, python, ca_bundle), *requirements]
+    result = proc.run(argv, env=env, timeout_s=3600, log_path=log_path)
+    if not result.ok:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise InfraError(f"resolving wheels for {' '.join(requirements)} failed", hint=result.tail[-1500:])
+    wheels = tuple(sorted((Wheel(p.name, _sha256(p)) for p in staging.glob("*.whl")), key=lambda w: w.filename))
+    (staging / "wheels.json").write_text(json.dumps([w.__dict__ for w in wheels], indent=1))
+    shutil.rmtree(path, ignore_errors=True)
+    staging.rename(path)
+    return Wheelhouse(path, wheels)
+
+
+def suite_digest(suite: Path) -> str:
+    h = hashlib.sha256()
+    for p in sorted(suite.rglob("*")):
+        if p.is_file() and "__pycache__" not in p.parts and not p.name.endswith(".pyc"):
+            h.update(str(p.relative_to(suite)).encode())
+            h.update(p.read_bytes())
+    return h.hexdigest()
+
+
+def labels(stack: Stack, house: Wheelhouse, base: str, base_id: str, key: str) -> dict[str, str]:
+    return {
+        "org.stackgate.key": key,
+        "org.stackgate.torch": house.version_of("torch") or str(stack.torch),
+        "org.stackgate.cuda": stack.cuda.tag,
+        "org.stackgate.nccl": house.version_with_prefix("nvidia-nccl") or "none",
+        "org.stackgate.cudnn": house.version_with_prefix("nvidia-cudnn") or "none",
+        "org.stackgate.python": stack.python,
+        "org.stackgate.base": base,
+        "org.stackgate.base-digest": base_id,
+        "org.stackgate.sbom": "/opt/stackgate/sbom/pip-freeze.txt",
+    }
+
+
+def image_key(template: str, base_id: str, house: Wheelhouse, suite_hash: str, requirements: Sequence[str]) -> str:
+    """The tag is a hash of everything that goes in: an unchanged stack is never rebuilt."""
+    blob = json.dumps({"template": template, "base": base_id, "wheels": [w.sha256 for w in house.wheels],
+                       "suite": suite_hash, "requirements": list(requirements)}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def render(template: str, *, base: str, requirements: Sequence[str], label_map: dict[str, str]) -> str:
+    label_text = "LABEL " + " \\\n      ".join(f"{k}={json.dumps(v)}" for k, v in sorted(label_map.items()))
+    return (template.replace("{{BASE}}", base)
+            .replace("{{REQUIREMENTS}}", " ".join(_quote(r) for r in requirements))
+            .replace("{{LABELS}}", label_text))
+
+
+def _quote(req: str) -> str:
+    return "'" + req.replace("'", "") + "'"
+
+
+def build_context(dockerfile: str, house: Wheelhouse, suite: Path) -> Path:
+    """A temporary context: Dockerfile, wheels (hard links where possible) and the suite."""
+    ctx = Path(tempfile.mkdtemp(prefix="stackgate-ctx-"))
+    (ctx / "Dockerfile").write_text(dockerfile)
+    (ctx / "wheels").mkdir()
+    for w in house.wheels:
+        src, dst = house.path / w.filename, ctx / "wheels" / w.filename
+        try:
+            os.link(src, dst)
+        except OSError:
+            shutil.copy2(src, dst)
+    shutil.copytree(suite, ctx / "suite", ignore=shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache"))
+    return ctx
+
+
+def ensure_base(engine: Engine, base: str, *, allow_bootstrap: bool, mirror: str, say: Callable[[str], None],
+                work_dir: Path) -> str:
+    """The base image id; bootstraps the local Debian base when it is missing and allowed."""
+    found = engine.image_labels(base)
+    if found is not None:
+        return found["_id"]
+    if not allow_bootstrap:
+        raise InfraError(f"base image {base} is not present and cannot be pulled here",
+                         hint="run `nox -s base-image`, or configure a base your engine can pull")
+    say(f"base image {base} missing: bootstrapping Debian bookworm with debootstrap ({mirror})")
+    bootstrap_base(engine, base, mirror=mirror, work_dir=work_dir)
+    found = engine.image_labels(base)
+    if found is None:
+        raise InfraError(f"bootstrapped {base} but the engine does not list it")
+    return found["_id"]
+
+
+def bootstrap_base(engine: Engine, tag: str, *, mirror: str, work_dir: Path, suite: str = "bookworm",
+                   packages: Sequence[str] = BASE_PACKAGES) -> None:
+    if shutil.which("debootstrap") is None:
+        raise InfraError("debootstrap is not installed", hint="apt-get install -y debootstrap")
+    rootfs = Path(tempfile.mkdtemp(prefix="stackgate-rootfs-", dir=work_dir))
+    try:
+        result = proc.run(["debootstrap", "--variant=minbase", f"--include={','.join(packages)}", suite,
+                           str(rootfs), mirror], timeout_s=1800, log_path=work_dir / "debootstrap.log")
+        if not result.ok:
+            raise InfraError(f"debootstrap {suite} failed (exit {result.returncode})", hint=result.tail[-1500:])
+        for junk in ("var/cache/apt/archives", "var/lib/apt/lists"):
+            shutil.rmtree(rootfs / junk, ignore_errors=True)
+        engine.import_rootfs(rootfs, tag)
+    finally:
+        shutil.rmtree(rootfs, ignore_errors=True)
+
+
+def host_ca_bundle(pip: PipConfig, configured: str | None) -> str | None:
+    """The CA bundle pip needs on the host to reach an index. Used by `pip download` only."""
+    return configured or pip.cert

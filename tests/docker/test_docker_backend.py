@@ -1,0 +1,133 @@
+"""The Docker tier, for real: image reuse and labels, 2 nodes x 2 processes over a docker network,
+a killed rank, and no CA bundle or secret in any layer."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import subprocess
+import tarfile
+import threading
+import time
+from pathlib import Path
+
+from stackgate import suite
+from stackgate.backends.base import EnvHandle, RunContext
+from stackgate.backends.docker import DockerBackend
+from stackgate.model import Cell, GpuClass, Role, RunnerPool, Status, Topology
+
+
+RANK = r"python[0-9.]* -u .*_worker\.py"
+
+
+def _cell(handle: EnvHandle, nodes: int, nproc: int) -> Cell:
+    pool = RunnerPool("local", None, GpuClass.NONE, gpu="cpu", nodes=nodes, is_local=True)
+    return Cell(handle.stack, pool, Topology(nodes, nproc), Role.CANDIDATE, required=True)
+
+
+def test_image_is_reused_and_labelled(docker_backend: DockerBackend, cpu_image: EnvHandle, tmp_path: Path) -> None:
+    again = docker_backend.prepare(cpu_image.stack, tmp_path / "build.log")
+    assert again.reused and again.ref == cpu_image.ref
+    labels = again.sbom["labels"]
+    assert labels["org.stackgate.torch"] == "2.13.0+cpu"
+    assert labels["org.stackgate.python"] == "3.11" and labels["org.stackgate.cuda"] == "cpu"
+    assert labels["org.stackgate.base-digest"].startswith("sha256:")
+    assert "torch==2.13.0+cpu" in again.sbom["packages"]
+
+
+def test_two_nodes_by_two_processes_fsdp_and_allreduce(docker_backend: DockerBackend, cpu_image: EnvHandle,
+                                                       tmp_path: Path) -> None:
+    spec = suite.SuiteSpec(pytest_args=("-k", "test_collective_correctness or test_vit"), profile="quick",
+                           timeout_s=600)
+    result = docker_backend.run(_cell(cpu_image, 2, 2), cpu_image, RunContext("dmn", tmp_path, spec))
+    assert result.status is Status.PASSED, result.log_tail[-4000:]
+    outcomes = {t.name: t.outcome for t in result.tests}
+    assert outcomes["test_vit_fsdp.py::test_vit_fsdp2_mixed_precision_dcp_resume"] == "passed"
+    assert outcomes["test_collectives.py::test_collective_correctness[2]"] == "passed"
+    wrong = next(m for m in result.metrics if m.name == "collective_wrong_elements")
+    assert dict(wrong.tags)["world_size"] == "4"
+    assert (tmp_path / "cells" / result.cell_id / "node1.log").read_text()  # every node's log is kept
+    leftovers = subprocess.run(["docker", "ps", "-aq", "--filter", "name=sg-"], capture_output=True, text=True,
+                               check=True).stdout.split()
+    assert not leftovers, "containers must always be removed"
+
+
+def test_killing_one_rank_fails_the_cell_while_the_next_test_completes(docker_backend: DockerBackend,
+                                                                        cpu_image: EnvHandle, tmp_path: Path) -> None:
+    timeout = 300
+    spec = suite.SuiteSpec(pytest_args=("-k", "test_recsys or test_vit"), profile="quick", timeout_s=timeout)
+    cell = _cell(cpu_image, 2, 2)
+    killed: list[str] = []
+
+    def kill_one_rank() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not killed:
+            names = subprocess.run(["docker", "ps", "--format", "{{.Names}}", "--filter", "name=-node1"],
+                                   capture_output=True, text=True, check=False).stdout.split()
+            for name in names:
+                # a rank's command line is `python -u .../_worker.py ...`; torchrun's is `python -m torch...`
+                found = subprocess.run(["docker", "exec", name, "pgrep", "-f", RANK], capture_output=True,
+                                       text=True, check=False).stdout.split()
+                if found:
+                    subprocess.run(["docker", "exec", name, "pkill", "-9", "-n", "-f", RANK], check=False)
+                    killed.append(name)
+                    return
+            time.sleep(0.3)
+
+    killer = threading.Thread(target=kill_one_rank)
+    killer.start()
+    start = time.monotonic()
+    result = docker_backend.run(cell, cpu_image, RunContext("dkill", tmp_path, spec))
+    killer.join()
+    assert killed, "the test could not find a rank to kill"
+    assert result.status is Status.FAILED
+    assert time.monotonic() - start < timeout
+    outcomes = {t.name: t for t in result.tests}
+    recsys = outcomes["test_recsys.py::test_recsys_ddp_sharded_embeddings"]
+    assert recsys.outcome == "failed" and "rank" in recsys.message
+    assert outcomes["test_vit_fsdp.py::test_vit_fsdp2_mixed_precision_dcp_resume"].outcome == "passed"
+
+
+def _pem_bodies(text: str) -> set[str]:
+    return {re.sub(r"\s+", "", m) for m in re.findall(r"-----BEGIN CERTIFICATE-----(.*?)-----END CERTIFICATE-----",
+                                                      text, re.S)}
+
+
+def test_no_ca_bundle_or_secret_in_any_layer(docker_backend: DockerBackend, cpu_image: EnvHandle,
+                                             tmp_path: Path) -> None:
+    host_bundle = Path(docker_backend.ca_bundle or "/etc/ssl/certs/ca-certificates.crt")
+    host_bytes = host_bundle.read_bytes()
+    host_certs = _pem_bodies(host_bytes.decode(errors="replace"))
+    history = subprocess.run(["docker", "history", "--no-trunc", "--format", "{{.CreatedBy}}", cpu_image.ref],
+                             capture_output=True, text=True, check=True).stdout
+    assert str(host_bundle) not in history and "PIP_CERT" not in history and "--cert" not in history
+    saved = tmp_path / "image.tar"
+    subprocess.run(["docker", "save", "-o", str(saved), cpu_image.ref], check=True)
+    public: set[str] = set()
+    layer_files: list[tuple[str, bytes]] = []
+    with tarfile.open(saved) as outer:
+        manifest = json.load(outer.extractfile("manifest.json"))  # type: ignore[arg-type]
+        config = json.load(outer.extractfile(manifest[0]["Config"]))  # type: ignore[arg-type]
+        env = " ".join(config.get("config", {}).get("Env") or [])
+        assert not re.search(r"(TOKEN|PASSWORD|SECRET|PIP_CERT|REQUESTS_CA_BUNDLE|SSL_CERT_FILE)", env), env
+        for layer in manifest[0]["Layers"]:
+            with tarfile.open(fileobj=io.BytesIO(outer.extractfile(layer).read())) as inner:  # type: ignore[union-attr]
+                for member in inner:
+                    if not member.isfile():
+                        continue
+                    name = member.name
+                    assert not name.endswith(("pip.conf", ".netrc", ".pypirc")), name
+                    if member.size > 5_000_000 and not name.endswith((".crt", ".pem")):
+                        continue
+                    data = inner.extractfile(member).read()  # type: ignore[union-attr]
+                    assert data != host_bytes, f"the host CA bundle was baked into {name}"
+                    if name.endswith("ca-certificates.crt"):
+                        public |= _pem_bodies(data.decode(errors="replace"))  # Debian's own public store
+                    if b"BEGIN CERTIFICATE" in data:
+                        layer_files.append((name, data))
+    host_only = host_certs - public  # the host's private (proxy / corporate) CAs; empty on a stock host
+    for name, data in layer_files:
+        bodies = _pem_bodies(data.decode(errors="replace"))
+        leaked = bodies & host_only
+        assert not leaked, f"{name} carries {len(leaked)} certificate(s) from the host's private bundle"
