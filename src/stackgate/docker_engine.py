@@ -81,7 +81,7 @@ class DockerEngine:
     def problem(self) -> str | None:
         try:
             self.client.ping()
-        except Exception as exc:  # noqa: BLE001 - any failure means "not usable"
+        except Exception as exc:
             return f"Docker engine not answering: {exc}"
         return None
 

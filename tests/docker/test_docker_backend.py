@@ -17,7 +17,6 @@ from stackgate.backends.base import EnvHandle, RunContext
 from stackgate.backends.docker import DockerBackend
 from stackgate.model import Cell, GpuClass, Role, RunnerPool, Status, Topology
 
-
 RANK = r"python[0-9.]* -u .*_worker\.py"
 
 

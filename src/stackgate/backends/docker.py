@@ -80,7 +80,7 @@ class DockerBackend:
                 "image_id": found.get("_id", ""), "wheels": [w.filename for w in house.wheels]}
         try:
             sbom["packages"] = self.engine.read_file(tag, "/opt/stackgate/sbom/pip-freeze.txt").split()
-        except Exception as exc:  # noqa: BLE001 - the SBOM is evidence, not a precondition
+        except Exception as exc:
             sbom["sbom_error"] = str(exc)
         return EnvHandle(stack, tag, key, reused=reused, prepare_s=time.monotonic() - start, sbom=sbom)
 

@@ -1,0 +1,141 @@
+"""The Docker backend against a fake engine (our seam), and the pure image-planning functions."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from stackgate import compat, images, suite
+from stackgate.backends.base import RunContext
+from stackgate.backends.docker import DockerBackend
+from stackgate.docker_engine import ContainerExit, ContainerSpec, container_kwargs
+from stackgate.model import Cell, GpuClass, Role, RunnerPool, Stack, Status, Topology, WheelSource
+from stackgate.sources import PipConfig
+from stackgate.versions import CudaVariant, parse_torch
+
+ROOT = Path(__file__).resolve().parents[2]
+STACK = Stack(parse_torch("2.14.1"), CudaVariant("cu130"), "3.11", source=WheelSource(inherit_pip_config=False))
+
+
+@dataclass
+class FakeEngine:
+    images: dict[str, dict[str, str]] = field(default_factory=lambda: {"stackgate/base:bookworm": {"_id": "sha256:base"}})
+    builds: list[str] = field(default_factory=list)
+    groups: list[tuple[list[ContainerSpec], str | None]] = field(default_factory=list)
+    exit_codes: tuple[int, ...] = (0, 0)
+
+    def problem(self) -> str | None:
+        return None
+
+    def image_labels(self, tag: str) -> dict[str, str] | None:
+        return self.images.get(tag)
+
+    def build(self, context: Path, tag: str, on_line: object) -> None:
+        dockerfile = (context / "Dockerfile").read_text()
+        assert "--no-index" in dockerfile and (context / "suite" / "conftest.py").exists()
+        self.builds.append(tag)
+        self.images[tag] = {"_id": f"sha256:{len(self.builds)}", "org.stackgate.torch": "2.14.1"}
+
+    def import_rootfs(self, rootfs: Path, tag: str) -> None:
+        raise AssertionError("not expected")
+
+    def read_file(self, tag: str, path: str) -> str:
+        return "torch==2.14.1\nnumpy==2.0\n"
+
+    def run_group(self, specs: Sequence[ContainerSpec], *, network: str | None, timeout_s: float,
+                  on_line: object) -> list[ContainerExit]:
+        self.groups.append((list(specs), network))
+        out = []
+        for i, spec in enumerate(specs):
+            workdir = Path(spec.mounts[0][0])
+            (workdir / f"junit-node{i}.xml").write_text(
+                '<testsuite><testcase classname="t" file="test_t.py" name="test_ok" time="1"/></testsuite>')
+            out.append(ContainerExit(spec.name, self.exit_codes[i % len(self.exit_codes)], False, False, "log"))
+        return out
+
+
+@pytest.fixture
+def backend(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[DockerBackend, FakeEngine]:
+    house = tmp_path / "cache" / "wheelhouse"
+
+    def fake_wheelhouse(cache_dir, requirements, index_args, python, ca_bundle, env, log_path):
+        house.mkdir(parents=True, exist_ok=True)
+        (house / "torch-2.14.1-cp311-cp311-manylinux_2_28_x86_64.whl").write_bytes(b"t")
+        (house / "nvidia_nccl_cu13-2.30.7-py3-none-manylinux_2_18_x86_64.whl").write_bytes(b"n")
+        return images.Wheelhouse(house, (images.Wheel("torch-2.14.1-cp311-cp311-manylinux_2_28_x86_64.whl", "aa"),
+                                         images.Wheel("nvidia_nccl_cu13-2.30.7-py3-none-manylinux_2_18_x86_64.whl", "bb")))
+
+    monkeypatch.setattr(images, "wheelhouse", fake_wheelhouse)
+    engine = FakeEngine()
+    table = compat.load_compat(ROOT / "matrix" / "compat.toml")
+    return DockerBackend(engine, tmp_path / "cache", table, PipConfig(), {}, suite_dir=suite.BUNDLED_SUITE,
+                         say=lambda _: None), engine
+
+
+def test_image_built_once_then_reused(backend: tuple[DockerBackend, FakeEngine], tmp_path: Path) -> None:
+    be, engine = backend
+    first = be.prepare(STACK, tmp_path / "b.log")
+    second = be.prepare(STACK, tmp_path / "b.log")
+    assert not first.reused and second.reused and first.ref == second.ref
+    assert engine.builds == [first.ref] and first.ref.startswith("stackgate/stack:cu130-torch2.14.1-py3.11-")
+    assert first.sbom["packages"] == ["torch==2.14.1", "numpy==2.0"]
+
+
+def test_multi_node_cell_gets_a_network_and_one_container_per_node(backend: tuple[DockerBackend, FakeEngine],
+                                                                   tmp_path: Path) -> None:
+    be, engine = backend
+    handle = be.prepare(STACK, tmp_path / "b.log")
+    pool = RunnerPool("local", None, GpuClass.NONE, nodes=2, is_local=True)
+    cell = Cell(STACK, pool, Topology(2, 2), Role.CANDIDATE)
+    result = be.run(cell, handle, RunContext("r1", tmp_path / "run", suite.SuiteSpec()))
+    specs, network = engine.groups[-1]
+    assert network is not None and len(specs) == 2
+    assert [s.env["STACKGATE_NODE_RANK"] for s in specs] == ["0", "1"]
+    assert all(s.env["STACKGATE_RDZV_ENDPOINT"] == "node0:29400" and not s.gpu for s in specs)
+    assert result.status is Status.PASSED
+
+
+def test_a_killed_container_is_a_crashed_cell(backend: tuple[DockerBackend, FakeEngine], tmp_path: Path) -> None:
+    be, engine = backend
+    engine.exit_codes = (1, 137)
+    handle = be.prepare(STACK, tmp_path / "b.log")
+    pool = RunnerPool("local", None, GpuClass.NONE, nodes=2, is_local=True)
+    result = be.run(Cell(STACK, pool, Topology(2, 2), Role.CANDIDATE), handle,
+                    RunContext("r2", tmp_path / "run", suite.SuiteSpec()))
+    assert result.status is Status.CRASHED and "killed" in result.reason
+
+
+def test_gpu_flags_only_for_gpu_cells() -> None:
+    spec = ContainerSpec("n", "img", ("true",), {}, (("/h", "/c", "rw"),), "node0", gpu=False)
+    cpu = container_kwargs(spec, None)
+    assert "device_requests" not in cpu and "ulimits" not in cpu and "shm_size" not in cpu
+    assert cpu["cap_drop"] == ["ALL"] and cpu["read_only"] and cpu["network_mode"] == "none"
+    assert "privileged" not in cpu
+    gpu = container_kwargs(ContainerSpec("n", "img", ("true",), {}, (), "node0", gpu=True), "net")
+    assert gpu["device_requests"][0]["Count"] == -1 and gpu["shm_size"] == "16g"
+    assert {u["Name"] for u in gpu["ulimits"]} == {"memlock", "stack"} and gpu["network"] == "net"
+
+
+def test_render_key_labels_and_download_args() -> None:
+    house = images.Wheelhouse(Path("/w"), (images.Wheel("torch-2.14.1-cp311-cp311-manylinux_2_28_x86_64.whl", "aa"),
+                                           images.Wheel("nvidia_cudnn_cu13-9.24.0.43-py3-none-manylinux_2_27_x86_64.whl", "bb")))
+    labels = images.labels(STACK, house, "stackgate/base:bookworm", "sha256:base", "k")
+    assert labels["org.stackgate.torch"] == "2.14.1" and labels["org.stackgate.cudnn"] == "9.24.0.43"
+    assert labels["org.stackgate.nccl"] == "none"
+    text = images.render(images.TEMPLATE.read_text(), base="stackgate/base:bookworm",
+                         requirements=["torch==2.14.1", "numpy"], label_map=labels)
+    assert "FROM stackgate/base:bookworm AS build" in text and "'torch==2.14.1' 'numpy'" in text
+    instructions = "\n".join(line for line in text.splitlines() if not line.startswith("#"))
+    assert 'org.stackgate.cudnn="9.24.0.43"' in text and "{{" not in instructions
+    assert "cert" not in instructions.lower()  # no CA bundle, ever, in the image recipe
+    k1 = images.image_key("t", "sha256:base", house, "s", ["torch==2.14.1"])
+    assert k1 == images.image_key("t", "sha256:base", house, "s", ["torch==2.14.1"])
+    assert k1 != images.image_key("t", "sha256:other", house, "s", ["torch==2.14.1"])
+    assert k1 != images.image_key("t", "sha256:base", house, "s2", ["torch==2.14.1"])
+    args = images.download_args(["--find-links", "/opt/wheels", "--index-strategy", "unsafe-best-match",
+                                 "--prerelease", "allow"], "3.11", "/etc/ca.pem")
+    assert "--index-strategy" not in args and "--pre" in args and args[args.index("--cert") + 1] == "/etc/ca.pem"
+    assert "--only-binary=:all:" in args and args[args.index("--python-version") + 1] == "3.11"
