@@ -56,6 +56,6 @@ def tests(session: nox.Session) -> None:
 @nox.session(python=PYTHON)
 def lint(session: nox.Session) -> None:
     """ruff and mypy --strict on the package."""
-    session.install("-e", ".", "ruff", "mypy")
+    session.install("-e", ".", "ruff==0.17.6", "mypy==2.4.1")
     session.run("ruff", "check", "src", "tests", "noxfile.py")
     session.run("mypy")

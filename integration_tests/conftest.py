@@ -55,8 +55,11 @@ def quick(expect: Expectation) -> bool:
 def dist(request: pytest.FixtureRequest, tmp_path: Path):
     """`dist(target, nproc=None, **config)` runs MODULE:FUNCTION under torchrun, returns rank results."""
 
-    def run(target: str, nproc: int | None = None, timeout_s: float = 240, extra_env: dict | None = None,
+    default_timeout = float(os.environ.get("STACKGATE_DIST_TIMEOUT", "240"))
+
+    def run(target: str, nproc: int | None = None, timeout_s: float | None = None, extra_env: dict | None = None,
             **config):
+        timeout_s = timeout_s or default_timeout
         results = launch.launch(target, tmp_path / "ranks", nproc_per_node=nproc, timeout_s=timeout_s,
                                 config=config, test_id=request.node.nodeid, extra_env=extra_env)
         seen = set()

@@ -73,6 +73,11 @@ def launch(target: str, outdir: Path, *, nproc_per_node: int | None = None, time
         argv += ["--standalone", "--nnodes=1"]
     argv += [str(WORKER), target, str(outdir), json.dumps(cfg)]
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), **(extra_env or {})}
+    if topo.device == "cuda":
+        # NCCL flight recorder: on a collective timeout each rank dumps its last collectives here
+        env.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", "2000")
+        env.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
+        env.setdefault("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", str(outdir / "nccl_trace_rank_"))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(WORKER.parent), env.get("PYTHONPATH", "")]))
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)

@@ -37,6 +37,10 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
                    help="never debootstrap a local base image when the configured base is missing")
     p.add_argument("--debian-mirror", help="Debian mirror for the base-image bootstrap")
     p.add_argument("--ca-bundle", help="extra CA bundle for resolving wheels on the host (never enters an image)")
+    p.add_argument("--suite-env", action="append", default=[], metavar="KEY=VALUE",
+                   help="extra environment for the suite, e.g. NCCL_NET='AWS Libfabric' (repeatable)")
+    p.add_argument("--no-platform-checks", dest="platform_checks", action="store_false", default=None,
+                   help="with --suite: do not add the bundled identity/collective/transport checks")
     p.add_argument("--no-rollback", dest="rollback", action="store_false", default=None,
                    help="skip the rollback phase (production reading the candidate's artifacts)")
 

@@ -353,10 +353,10 @@ def expand(
         if any(_rule_matches(rule, values) for rule in spec.excludes):
             continue
         stack = Stack(torch=torch, cuda=cuda, python=python, source=source, channel=spec.channel)
-        topo = resolve_topology(topo_word, pool)
-        cell = Cell(stack=stack, pool=pool, topology=topo if isinstance(topo, Topology) else Topology(0, 0),
+        resolved = resolve_topology(topo_word, pool)
+        cell = Cell(stack=stack, pool=pool, topology=resolved if isinstance(resolved, Topology) else Topology(0, 0),
                     role=Role.CANDIDATE)
-        _admit(cell, table, spec.required, cells, pruned, topo if isinstance(topo, str) else None)
+        _admit(cell, table, spec.required, cells, pruned, resolved if isinstance(resolved, str) else None)
 
     for candidate in list(cells.values()):
         stack = production.stack_for(candidate.pool, source)

@@ -25,6 +25,13 @@ def _list(v: Any) -> tuple[str, ...]:
     return tuple(x for x in str(v).replace(",", " ").split() if x)
 
 
+def _env_list(v: Any) -> tuple[str, ...]:
+    """KEY=VALUE items; a string from the environment or TOML holds them one per line."""
+    if isinstance(v, (list, tuple)):
+        return tuple(str(x) for x in v)
+    return tuple(x.strip() for x in str(v).splitlines() if x.strip())
+
+
 def _choice(*allowed: str) -> Callable[[Any], str]:
     def parse(v: Any) -> str:
         if str(v) not in allowed:
@@ -77,6 +84,8 @@ FIELDS: dict[str, tuple[Callable[[Any], Any], Any]] = {
     "nightly_version": (str, None),
     "history": (_path, None),
     "rollback": (_bool, True),
+    "platform_checks": (_bool, True),
+    "suite_env": (_env_list, ()),
     "bootstrap_base": (_bool, True),
     "debian_mirror": (str, "http://deb.debian.org/debian"),
     "ca_bundle": (str, None),

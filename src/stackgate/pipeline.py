@@ -16,7 +16,7 @@ from stackgate import compat as compat_mod
 from stackgate import gate, history, matrix, results, sources
 from stackgate.backends.base import Backend, EnvHandle, PrepareFailed, RunContext
 from stackgate.errors import ConfigError, ExitCode, InfraError
-from stackgate.model import Cell, CellResult, Role, Status, WheelSource
+from stackgate.model import Cell, CellResult, Role, RunnerPool, Status, WheelSource
 from stackgate.options import Options, parse_shard
 from stackgate.plan import plan_envs, run_order
 from stackgate.policy import Policy, load_policy
@@ -33,7 +33,7 @@ class Loaded:
     table: compat_mod.CompatTable
     spec: matrix.MatrixSpec
     production: matrix.Production
-    pools: dict[str, matrix.RunnerPool]
+    pools: dict[str, RunnerPool]
     policy: Policy
     source: WheelSource
     host_pip: sources.PipConfig
@@ -148,7 +148,8 @@ def run(opts: Options, env: Mapping[str, str], say: Printer = print) -> int:
         say(f"  not run here: {cell.cell.id}")
 
     suite = SuiteSpec(path=(opts.suite or BUNDLED_SUITE).resolve(), pytest_args=tuple(opts.pytest_args),
-                      profile=opts.profile, timeout_s=opts.timeout)
+                      profile=opts.profile, timeout_s=opts.timeout, platform_checks=opts.platform_checks,
+                      env=parse_suite_env(opts.suite_env))
     if not suite.path.exists():
         raise ConfigError(f"suite path {suite.path} does not exist", hint="--suite PATH to your pytest suite")
     progress = Progress(say)
@@ -185,6 +186,16 @@ def run(opts: Options, env: Mapping[str, str], say: Printer = print) -> int:
     if interrupted:
         raise KeyboardInterrupt
     return code
+
+
+def parse_suite_env(items: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    out = []
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+            raise ConfigError(f"--suite-env {item!r} must be KEY=VALUE")
+        out.append((key, value))
+    return tuple(out)
 
 
 def exit_code(report: RunReport) -> int:

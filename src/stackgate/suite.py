@@ -29,12 +29,18 @@ class SuiteSpec:
     pytest_args: tuple[str, ...] = ()
     profile: str = "default"  # default | quick
     timeout_s: float = 1200.0
+    platform_checks: bool = True  # add the bundled identity/collective/transport checks to a user's suite
+    env: tuple[tuple[str, str], ...] = ()  # extra variables for the suite (NCCL_*, FI_*, STACKGATE_DIST_TIMEOUT)
+
+
+PLATFORM_CHECKS = ("test_identity.py", "test_collectives.py", "test_transport.py")
 
 
 def suite_env(cell: Cell, *, results: Path, artifacts: Path, shared: Path, profile: str, run_id: str,
-              node_rank: int = 0, endpoint: str = "", phase: str = "main") -> dict[str, str]:
+              node_rank: int = 0, endpoint: str = "", phase: str = "main",
+              extra: tuple[tuple[str, str], ...] = ()) -> dict[str, str]:
     """STACKGATE_* variables: what the cell asked for, where to write, and the topology."""
-    return {
+    return dict(extra) | {
         "STACKGATE_EXPECT_TORCH": cell.stack.torch_public,
         "STACKGATE_EXPECT_CUDA": cell.stack.cuda.tag,
         "STACKGATE_EXPECT_TRANSPORT": cell.pool.transport.value,
@@ -57,9 +63,15 @@ def suite_env(cell: Cell, *, results: Path, artifacts: Path, shared: Path, profi
     }
 
 
-def pytest_argv(python: str, suite: SuiteSpec, junit: Path, phase: str) -> list[str]:
+def pytest_argv(python: str, suite: SuiteSpec, junit: Path, phase: str,
+                bundled: Path = BUNDLED_SUITE) -> list[str]:
+    """pytest over the suite; a user's suite also gets the bundled platform checks (own conftest each)."""
     argv = [python, "-m", "pytest", str(suite.path), "-v", "-p", "no:cacheprovider", f"--junitxml={junit}",
-            "-o", "junit_family=xunit1", "--rootdir", str(suite.path)]
+            "-o", "junit_family=xunit1"]
+    if suite.platform_checks and suite.path != bundled and phase == "main":
+        argv[4:4] = [str(bundled / name) for name in PLATFORM_CHECKS]
+    else:
+        argv += ["--rootdir", str(suite.path)]
     if phase == "rollback":
         argv += ["-m", "crossversion"]
     return argv + list(suite.pytest_args)

@@ -55,7 +55,8 @@ def test_two_nodes_by_two_processes_fsdp_and_allreduce(docker_backend: DockerBac
 def test_killing_one_rank_fails_the_cell_while_the_next_test_completes(docker_backend: DockerBackend,
                                                                         cpu_image: EnvHandle, tmp_path: Path) -> None:
     timeout = 300
-    spec = suite.SuiteSpec(pytest_args=("-k", "test_recsys or test_vit"), profile="quick", timeout_s=timeout)
+    spec = suite.SuiteSpec(pytest_args=("-k", "test_recsys or test_vit"), profile="quick", timeout_s=timeout,
+                           env=(("STACKGATE_DIST_TIMEOUT", "60"),))  # a rank left hanging fails within a minute
     cell = _cell(cpu_image, 2, 2)
     killed: list[str] = []
 

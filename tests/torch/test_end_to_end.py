@@ -86,3 +86,17 @@ def test_cell_timeout_is_reported_as_timeout(backend: VenvBackend, torch_env: En
     result = backend.run(cell, torch_env, RunContext("to", tmp_path, spec))
     assert result.status is Status.TIMEOUT
     assert result.duration_s < kill_after + 40
+
+
+def test_a_users_own_suite_gets_the_platform_checks(backend: VenvBackend, torch_env: EnvHandle, tmp_path: Path) -> None:
+    pool = RunnerPool("local", None, GpuClass.NONE, gpu="cpu", nodes=1, is_local=True)
+    cell = Cell(torch_env.stack, pool, Topology(1, 2), Role.CANDIDATE)
+    spec = suite.SuiteSpec(path=ROOT / "tests" / "data" / "user_suite", profile="quick", timeout_s=600,
+                           pytest_args=("-k", "my_trainer or identity or correctness"))
+    result = backend.run(cell, torch_env, RunContext("user", tmp_path, spec))
+    assert result.status is Status.PASSED, result.log_tail[-3000:]
+    names = {t.name.split("/")[-1]: t.outcome for t in result.tests}
+    assert names["test_my_trainer.py::test_my_trainer_step"] == "passed"
+    assert names["test_identity.py::test_torch_version"] == "passed"
+    assert names["test_collectives.py::test_collective_correctness[2]"] == "passed"
+    assert [m.name for m in result.metrics if m.name == "my_trainer.loss"] == ["my_trainer.loss"]

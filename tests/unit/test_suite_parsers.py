@@ -103,3 +103,36 @@ def test_results_append_read_and_torn_line(tmp_path: Path) -> None:
     got = results.read(tmp_path)
     assert set(got) == {"c1", "c2"} and got["c2"].reason == "x"
     assert results.resume_dir(tmp_path.parent, tmp_path.name) == tmp_path
+
+
+def test_pytest_argv_adds_platform_checks_to_a_users_suite(tmp_path: Path) -> None:
+    own = suite.pytest_argv("py", suite.SuiteSpec(), tmp_path / "j.xml", "main")
+    assert own[3] == str(suite.BUNDLED_SUITE) and "--rootdir" in own
+    user = suite.pytest_argv("py", suite.SuiteSpec(path=tmp_path), tmp_path / "j.xml", "main")
+    assert [Path(a).name for a in user[3:7]] == [tmp_path.name, *suite.PLATFORM_CHECKS]
+    off = suite.pytest_argv("py", suite.SuiteSpec(path=tmp_path, platform_checks=False), tmp_path / "j.xml", "main")
+    assert not any(a.endswith("test_identity.py") for a in off)
+    rollback = suite.pytest_argv("py", suite.SuiteSpec(), tmp_path / "j.xml", "rollback")
+    assert rollback[-2:] == ["-m", "crossversion"]
+
+
+def test_nightly_resolves_newest_dev_build_from_a_wheelhouse(tmp_path: Path) -> None:
+    from stackgate.errors import ConfigError
+    from stackgate.model import WheelSource
+    from stackgate.sources import PipConfig, installer_args, parse_pip_config, resolve_nightly
+    for name in ("torch-2.15.0.dev20261120+cu130-cp311-cp311-manylinux_2_28_x86_64.whl",
+                 "torch-2.15.0.dev20261128+cu130-cp311-cp311-manylinux_2_28_x86_64.whl",
+                 "torch-2.14.1-cp311-cp311-manylinux_2_28_x86_64.whl", "not-a-wheel.txt"):
+        (tmp_path / name).write_bytes(b"")
+    source = WheelSource(find_links=(str(tmp_path),), inherit_pip_config=False, pre=True)
+    assert str(resolve_nightly(source, PipConfig())) == "2.15.0.dev20261128+cu130"
+    assert str(resolve_nightly(source, PipConfig(), "2.15.0.dev20261101")) == "2.15.0.dev20261101"
+    with pytest.raises(ConfigError, match="no .dev torch build"):
+        resolve_nightly(WheelSource(inherit_pip_config=False), PipConfig())
+    host = parse_pip_config("global.find-links='/opt/wheels'\nglobal.extra-index-url='file:///a file:///b'\n"
+                            ":env:.cert='/etc/ca.crt'\n")
+    assert host.find_links == ("/opt/wheels",) and host.extra_index_urls == ("file:///a", "file:///b")
+    assert host.cert == "/etc/ca.crt"
+    args = installer_args(source, host)
+    assert "--prerelease" in args and "/opt/wheels" not in args
+    assert "/opt/wheels" in installer_args(WheelSource(), host)

@@ -75,3 +75,13 @@ def test_options_bad_values(tmp_path: Path) -> None:
     bad = _write(tmp_path, "[run]\nprofil = 'quick'\n", "stackgate.toml")
     with pytest.raises(ConfigError, match=r"unknown key 'profil'"):
         options.resolve({}, {}, bad)
+
+
+def test_suite_env_pairs() -> None:
+    from stackgate.pipeline import parse_suite_env
+    assert parse_suite_env(("NCCL_NET=AWS Libfabric", "FI_EFA_SET_CUDA_SYNC_MEMOPS=0")) == (
+        ("NCCL_NET", "AWS Libfabric"), ("FI_EFA_SET_CUDA_SYNC_MEMOPS", "0"))
+    with pytest.raises(ConfigError, match="KEY=VALUE"):
+        parse_suite_env(("NOVALUE",))
+    opts = options.resolve({}, {"STACKGATE_SUITE_ENV": "A=1 2\nB=3"})
+    assert opts.suite_env == ("A=1 2", "B=3")

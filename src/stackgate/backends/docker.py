@@ -104,10 +104,13 @@ class DockerBackend:
         for i in range(nodes):
             env = suite.suite_env(cell, results=Path(f"/sg/out/results-node{i}.jsonl"), artifacts=Path("/sg/artifacts"),
                                   shared=Path("/sg/shared"), profile=ctx.suite.profile, run_id=ctx.run_id,
-                                  node_rank=i, endpoint=f"node0:{RDZV_PORT}" if nodes > 1 else "", phase=phase)
+                                  node_rank=i, endpoint=f"node0:{RDZV_PORT}" if nodes > 1 else "", phase=phase,
+                                  extra=ctx.suite.env)
             spec_suite = suite.SuiteSpec(path=Path(suite_path), pytest_args=ctx.suite.pytest_args,
-                                         profile=ctx.suite.profile, timeout_s=ctx.suite.timeout_s)
-            argv = suite.pytest_argv("python", spec_suite, Path(f"/sg/out/junit-node{i}.xml"), phase)
+                                         profile=ctx.suite.profile, timeout_s=ctx.suite.timeout_s,
+                                         platform_checks=ctx.suite.platform_checks)
+            argv = suite.pytest_argv("python", spec_suite, Path(f"/sg/out/junit-node{i}.xml"), phase,
+                                     bundled=Path(SUITE_IN_IMAGE))
             specs.append(ContainerSpec(
                 name=f"sg-{tag}-node{i}", image=handle.ref, command=tuple(argv), env=env, mounts=tuple(mounts),
                 hostname=f"node{i}", gpu=cell.device == "cuda", user=f"{os.getuid()}:{os.getgid()}"))

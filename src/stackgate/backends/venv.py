@@ -95,7 +95,7 @@ class VenvBackend:
             env = {**self.env, **suite.suite_env(
                 cell, results=workdir / f"results-node{i}.jsonl", artifacts=ctx.artifacts_dir(cell),
                 shared=shared, profile=ctx.suite.profile, run_id=ctx.run_id, node_rank=i, endpoint=endpoint,
-                phase=phase)}
+                phase=phase, extra=ctx.suite.env)}
             env["PATH"] = venv_bin + os.pathsep + env.get("PATH", "")
             env["VIRTUAL_ENV"] = str(Path(venv_bin).parent)
             argv = suite.pytest_argv(handle.ref, ctx.suite, workdir / f"junit-node{i}.xml", phase)

@@ -63,6 +63,8 @@ def _series_svg(title: str, series: Sequence[tuple[str, Sequence[tuple[float, fl
             continue
         path = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in good)
         parts.append(f'<polyline fill="none" stroke="{colour}" stroke-width="2" points="{path}"/>')
+        if len(good) <= 12:  # few points (trends): mark each, so a single run still shows
+            parts += [f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="3" fill="{colour}"/>' for x, y in good]
         parts.append(f'<text x="{w - pad}" y="{pad + 14 * i}" text-anchor="end" font-size="11" fill="{colour}">'
                      f'{escape(label)}</text>')
     parts.append("</svg>")
@@ -186,8 +188,8 @@ def render(report: RunReport) -> str:
     for cell, result in report.result_rows():
         if result is not None:
             h.append(_cell_details(cell.id, result))
-    for key in sorted(k for k in report.results if k.endswith("@rollback")):
-        h.append(_cell_details(key, report.results[key]))
+    for rollback_id in sorted(k for k in report.results if k.endswith("@rollback")):
+        h.append(_cell_details(rollback_id, report.results[rollback_id]))
     if report.pruned:
         h.append("<h2>Pruned</h2><ul>")
         h += [f"<li><code>{escape(p.cell.id)}</code>: {escape('; '.join(p.reasons))}</li>" for p in report.pruned]

@@ -87,8 +87,8 @@ def render(report: RunReport) -> str:
         lines.append("")
     if ev.new_warnings:
         lines += ["## New warnings in the candidate (upgrade work items)", ""]
-        for cell, warns in ev.new_warnings.items():
-            lines += [f"- {md_escape(cell)}: {md_escape(w)}" for w in warns]
+        for cell_id, warns in ev.new_warnings.items():
+            lines += [f"- {md_escape(cell_id)}: {md_escape(w)}" for w in warns]
         lines.append("")
     if report.trends:
         lines += ["## Trends (last runs of this channel)", ""]
