@@ -127,7 +127,7 @@ def test_nightly_resolves_newest_dev_build_from_a_wheelhouse(tmp_path: Path) -> 
     source = WheelSource(find_links=(str(tmp_path),), inherit_pip_config=False, pre=True)
     assert str(resolve_nightly(source, PipConfig())) == "2.15.0.dev20261128+cu130"
     assert str(resolve_nightly(source, PipConfig(), "2.15.0.dev20261101")) == "2.15.0.dev20261101"
-    with pytest.raises(ConfigError, match="no .dev torch build"):
+    with pytest.raises(ConfigError, match=r"no \.dev torch build"):
         resolve_nightly(WheelSource(inherit_pip_config=False), PipConfig())
     host = parse_pip_config("global.find-links='/opt/wheels'\nglobal.extra-index-url='file:///a file:///b'\n"
                             ":env:.cert='/etc/ca.crt'\n")
