@@ -198,8 +198,6 @@ def container_kwargs(spec: ContainerSpec, network: str | None) -> dict[str, Any]
     }
     if network:
         kwargs["network"] = network
-    else:
-        kwargs["network_mode"] = "none"  # a single-node cell needs no network at all
     if spec.gpu:
         # NCCL needs a large /dev/shm and unlimited locked memory (GPUDirect RDMA registration);
         # IPC stays private: ranks of one cell share a container, so no host IPC namespace is needed.

@@ -35,6 +35,15 @@ def test_image_is_reused_and_labelled(docker_backend: DockerBackend, cpu_image: 
     assert "torch==2.13.0+cpu" in again.sbom["packages"]
 
 
+def test_single_node_cell_runs_torchrun_inside_its_container(docker_backend: DockerBackend, cpu_image: EnvHandle,
+                                                           tmp_path: Path) -> None:
+    spec = suite.SuiteSpec(pytest_args=("-k", "identity or test_collective_correctness"), profile="quick",
+                           timeout_s=300)
+    result = docker_backend.run(_cell(cpu_image, 1, 2), cpu_image, RunContext("d1", tmp_path, spec))
+    assert result.status is Status.PASSED, result.log_tail[-4000:]
+    assert result.environment["torch"] == "2.13.0+cpu" and result.environment["backend"] == "docker"
+
+
 def test_two_nodes_by_two_processes_fsdp_and_allreduce(docker_backend: DockerBackend, cpu_image: EnvHandle,
                                                        tmp_path: Path) -> None:
     spec = suite.SuiteSpec(pytest_args=("-k", "test_collective_correctness or test_vit"), profile="quick",
@@ -131,3 +140,12 @@ def test_no_ca_bundle_or_secret_in_any_layer(docker_backend: DockerBackend, cpu_
         bodies = _pem_bodies(data.decode(errors="replace"))
         leaked = bodies & host_only
         assert not leaked, f"{name} carries {len(leaked)} certificate(s) from the host's private bundle"
+
+
+def test_upgrade_torch_with_docker_builds_both_images_then_rebuilds_nothing(engine: object, tmp_path: Path) -> None:
+    """Issue #3's acceptance: images for 2.13.0+cpu and 2.14.1, the suite in each, reports; a rerun reuses."""
+    import os
+
+    from tests.torch.test_end_to_end import check_upgrade_run
+    cache = Path(os.environ.get("STACKGATE_CACHE_DIR", Path.home() / ".cache" / "stackgate"))
+    check_upgrade_run(tmp_path, cache, "docker")

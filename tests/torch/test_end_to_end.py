@@ -19,14 +19,16 @@ from stackgate.model import Cell, GpuClass, Role, RunnerPool, Status, Topology
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _run(args: list[str], cache_dir: Path) -> subprocess.CompletedProcess[str]:
+def run_stackgate(args: list[str], cache_dir: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "stackgate", "run", "--cache-dir", str(cache_dir), *args],
-                          cwd=ROOT, capture_output=True, text=True, timeout=1500, check=False)
+                          cwd=ROOT, capture_output=True, text=True, timeout=2400, check=False)
 
 
-def test_upgrade_torch_end_to_end_and_rerun_reuses_envs(tmp_path: Path, cache_dir: Path) -> None:
+def check_upgrade_run(tmp_path: Path, cache_dir: Path, backend: str) -> None:
+    """`stackgate run` twice on the default upgrade matrix: the first builds and decides, the second reuses."""
     reports = tmp_path / "reports"
-    first = _run(["--profile", "quick", "--reports", str(reports), "--run-id", "one"], cache_dir)
+    first = run_stackgate(["--backend", backend, "--profile", "quick", "--reports", str(reports), "--run-id", "one"],
+                          cache_dir)
     assert first.returncode in (0, 1), first.stderr[-3000:] + first.stdout[-3000:]
     run = reports / "one"
     data = json.loads((run / "report.json").read_text())
@@ -55,12 +57,17 @@ def test_upgrade_torch_end_to_end_and_rerun_reuses_envs(tmp_path: Path, cache_di
     assert "stackgate upgrade-torch" in (run / "report.md").read_text()
     assert "id='verdict'" in (run / "report.html").read_text()
 
-    second = _run(["--profile", "quick", "--reports", str(reports), "--run-id", "two",
-                   "--only", "local-*", "--pytest-arg=-k", "--pytest-arg=identity"], cache_dir)
+    assert cand["environment"]["backend"] == backend
+    second = run_stackgate(["--backend", backend, "--profile", "quick", "--reports", str(reports), "--run-id", "two",
+                            "--only", "local-*", "--pytest-arg=-k", "--pytest-arg=identity"], cache_dir)
     assert second.returncode in (0, 1), second.stderr[-3000:]
     assert second.stdout.count("reused ") == 2, second.stdout
     results = [json.loads(line) for line in (reports / "two" / "results.jsonl").read_text().splitlines()]
     assert all(r["environment"]["env_reused"] for r in results)
+
+
+def test_upgrade_torch_end_to_end_and_rerun_reuses_envs(tmp_path: Path, cache_dir: Path) -> None:
+    check_upgrade_run(tmp_path, cache_dir, "venv")
 
 
 def test_two_nodes_by_two_processes_on_this_host(backend: VenvBackend, torch_env: EnvHandle, tmp_path: Path) -> None:

@@ -112,7 +112,7 @@ def test_gpu_flags_only_for_gpu_cells() -> None:
     spec = ContainerSpec("n", "img", ("true",), {}, (("/h", "/c", "rw"),), "node0", gpu=False)
     cpu = container_kwargs(spec, None)
     assert "device_requests" not in cpu and "ulimits" not in cpu and "shm_size" not in cpu
-    assert cpu["cap_drop"] == ["ALL"] and cpu["read_only"] and cpu["network_mode"] == "none"
+    assert cpu["cap_drop"] == ["ALL"] and cpu["read_only"] and "network" not in cpu
     assert "privileged" not in cpu
     gpu = container_kwargs(ContainerSpec("n", "img", ("true",), {}, (), "node0", gpu=True), "net")
     assert gpu["device_requests"][0]["Count"] == -1 and gpu["shm_size"] == "16g"

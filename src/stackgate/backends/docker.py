@@ -93,7 +93,9 @@ class DockerBackend:
         artifacts = ctx.artifacts_dir(cell)
         tag = hashlib.sha1(f"{ctx.run_id}/{cell.id}/{phase}".encode()).hexdigest()[:10]
         nodes = cell.topology.nodes
-        network = f"sg-{tag}" if nodes > 1 else None
+        # always a private internal network (no route out): torchrun's standalone rendezvous needs a
+        # resolvable hostname, which `--network none` does not give
+        network = f"sg-{tag}"
         suite_path = SUITE_IN_IMAGE
         mounts = [(str(workdir), "/sg/out", "rw"), (str(artifacts), "/sg/artifacts", "rw"),
                   (str(shared), "/sg/shared", "rw")]
