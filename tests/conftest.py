@@ -9,6 +9,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "integration_tests"))  # pure helpers (busbw, nccl_log) are tested here too
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tier is the directory: tests/torch -> `torch`, tests/docker -> `docker` (select with -m)."""
+    for item in items:
+        tier = Path(str(item.fspath)).relative_to(ROOT / "tests").parts[0]
+        if tier in ("torch", "docker"):
+            item.add_marker(getattr(pytest.mark, tier))
+
+
 @pytest.fixture
 def root() -> Path:
     return ROOT

@@ -16,12 +16,6 @@ from stackgate.versions import CudaVariant, parse_torch
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        if "tests/docker/" in str(item.fspath):
-            item.add_marker(pytest.mark.docker)
-
-
 @pytest.fixture(scope="session")
 def engine() -> DockerEngine:
     eng = DockerEngine()

@@ -14,12 +14,6 @@ from stackgate.versions import CudaVariant, parse_torch
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        if "tests/torch/" in str(item.fspath):
-            item.add_marker(pytest.mark.torch)
-
-
 @pytest.fixture(scope="session")
 def cache_dir() -> Path:
     return Path(os.environ.get("STACKGATE_CACHE_DIR", Path.home() / ".cache" / "stackgate"))

@@ -39,6 +39,15 @@ class RunContext:
         path.mkdir(parents=True, exist_ok=True)
         return path
 
+    def fresh_cell_dir(self, cell: Cell, phase: str = "main") -> tuple[Path, Path]:
+        """The cell's directory without outputs of an earlier attempt, and its shared scratch directory."""
+        workdir = self.cell_dir(cell, phase)
+        for old in [*workdir.glob("junit-node*.xml"), *workdir.glob("results-node*.jsonl")]:
+            old.unlink()
+        shared = workdir / "shared"
+        shared.mkdir(exist_ok=True)
+        return workdir, shared
+
     def artifacts_dir(self, cell: Cell) -> Path:
         """Shared by the production and candidate cells that are compared with each other."""
         pool, topo = cell.comparison_key

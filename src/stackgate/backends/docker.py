@@ -85,11 +85,7 @@ class DockerBackend:
         return EnvHandle(stack, tag, key, reused=reused, prepare_s=time.monotonic() - start, sbom=sbom)
 
     def run(self, cell: Cell, handle: EnvHandle, ctx: RunContext, phase: str = "main") -> CellResult:
-        workdir = ctx.cell_dir(cell, phase)
-        for old in [*workdir.glob("junit-node*.xml"), *workdir.glob("results-node*.jsonl")]:
-            old.unlink()
-        shared = workdir / "shared"
-        shared.mkdir(exist_ok=True)
+        workdir, shared = ctx.fresh_cell_dir(cell, phase)
         artifacts = ctx.artifacts_dir(cell)
         tag = hashlib.sha1(f"{ctx.run_id}/{cell.id}/{phase}".encode()).hexdigest()[:10]
         nodes = cell.topology.nodes

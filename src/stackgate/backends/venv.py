@@ -81,11 +81,7 @@ class VenvBackend:
 
     # ---------------------------------------------------------------------------------------- run
     def run(self, cell: Cell, handle: EnvHandle, ctx: RunContext, phase: str = "main") -> CellResult:
-        workdir = ctx.cell_dir(cell, phase)
-        for old in [*workdir.glob("junit-node*.xml"), *workdir.glob("results-node*.jsonl")]:
-            old.unlink()
-        shared = workdir / "shared"
-        shared.mkdir(exist_ok=True)
+        workdir, shared = ctx.fresh_cell_dir(cell, phase)
         endpoint = f"127.0.0.1:{free_port()}" if cell.topology.nodes > 1 else ""
         venv_bin = str(Path(handle.ref).parent)
         results: list[proc.ProcResult | None] = [None] * cell.topology.nodes

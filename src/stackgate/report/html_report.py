@@ -93,18 +93,13 @@ def _plots(report: RunReport) -> list[str]:
                 series.append((label, pts))
             out.append(_series_svg(f"{coll} busbw vs message size — {cand.pool.name}", series, xlog=True,
                                    xlabel="bytes (log2)", ylabel="GB/s"))
-        for name in ("recsys.loss", "vit.loss"):
+        for name, ylabel in (("recsys.loss", "loss"), ("vit.loss", "loss"), ("recsys.step_time", "ms"),
+                             ("vit.step_time", "ms")):
             series = []
             for label, res in (("production", bres), ("candidate", cres)):
                 m = next((m for m in res.metrics if m.name == name), None)
                 series.append((label, list(enumerate(m.samples)) if m else []))
-            out.append(_series_svg(f"{name} per step — {cand.pool.name}", series, xlabel="step", ylabel="loss"))
-        for name in ("recsys.step_time", "vit.step_time"):
-            series = []
-            for label, res in (("production", bres), ("candidate", cres)):
-                m = next((m for m in res.metrics if m.name == name), None)
-                series.append((label, list(enumerate(m.samples)) if m else []))
-            out.append(_series_svg(f"{name} per step — {cand.pool.name}", series, xlabel="step", ylabel="ms"))
+            out.append(_series_svg(f"{name} per step — {cand.pool.name}", series, xlabel="step", ylabel=ylabel))
     for metric, points in report.trends.items():
         out.append(_series_svg(f"trend: {metric}", [("median", [(i, v) for i, (_, v) in enumerate(points)])],
                                xlabel="run", ylabel=metric))
