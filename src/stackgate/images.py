@@ -28,7 +28,14 @@ ROOT = Path(__file__).resolve().parents[2]
 TEMPLATE = ROOT / "images" / "Dockerfile.template"
 LOCAL_BASE = "stackgate/base:bookworm"
 BASE_PACKAGES = ("python3", "python3-venv", "python3-dev", "g++", "libgomp1", "procps")  # torch.compile needs g++ + Python.h
-PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
+TARGET_GLIBC = (2, 36)  # Debian bookworm, the local base
+
+
+def platforms(glibc: tuple[int, int] = TARGET_GLIBC, arch: str = "x86_64") -> tuple[str, ...]:
+    """Every manylinux tag the target can load: pip matches --platform values exactly, newest first."""
+    major, minor = glibc
+    tags = [f"manylinux_{major}_{m}_{arch}" for m in range(minor, 16, -1)]
+    return (*tags, f"manylinux2014_{arch}", f"manylinux2010_{arch}", f"manylinux1_{arch}")
 
 
 @dataclass(frozen=True)
@@ -69,7 +76,7 @@ def download_args(index_args: Sequence[str], python: str, ca_bundle: str | None)
     """pip download arguments for the target Python/platform (not the host's)."""
     args = ["--only-binary=:all:", "--python-version", python.rstrip("t"), "--implementation", "cp",
             "--disable-pip-version-check"]
-    for platform in PLATFORMS:
+    for platform in platforms():
         args += ["--platform", platform]
     translated = []
     skip = False

@@ -139,3 +139,9 @@ def test_render_key_labels_and_download_args() -> None:
                                  "--prerelease", "allow"], "3.11", "/etc/ca.pem")
     assert "--index-strategy" not in args and "--pre" in args and args[args.index("--cert") + 1] == "/etc/ca.pem"
     assert "--only-binary=:all:" in args and args[args.index("--python-version") + 1] == "3.11"
+
+
+def test_download_platforms_cover_every_manylinux_tag_the_base_loads() -> None:
+    tags = images.platforms((2, 36))
+    assert tags[0] == "manylinux_2_36_x86_64" and "manylinux_2_18_x86_64" in tags and "manylinux_2_17_x86_64" in tags
+    assert "manylinux2014_x86_64" in tags and "manylinux_2_37_x86_64" not in tags
