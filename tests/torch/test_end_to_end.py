@@ -64,6 +64,12 @@ def check_upgrade_run(tmp_path: Path, cache_dir: Path, backend: str) -> None:
     assert second.stdout.count("reused ") == 2, second.stdout
     results = [json.loads(line) for line in (reports / "two" / "results.jsonl").read_text().splitlines()]
     assert all(r["environment"]["env_reused"] for r in results)
+    # history persists across runs, and the second report carries the trend of the first
+    second_report = json.loads((reports / "two" / "report.json").read_text())
+    assert any(run == "one" for points in second_report["trends"].values() for run, _ in points)
+    listing = subprocess.run([sys.executable, "-m", "stackgate", "history", "--history",
+                              str(reports / "history.sqlite")], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert "one" in listing.stdout and "two" in listing.stdout
 
 
 def test_upgrade_torch_end_to_end_and_rerun_reuses_envs(tmp_path: Path, cache_dir: Path) -> None:

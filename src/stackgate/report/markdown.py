@@ -72,18 +72,24 @@ def render(report: RunReport) -> str:
         lines += ["## Performance (candidate vs production)", "",
                   "| cell | metric | production | candidate | change | 95% CI | tolerance | outcome |",
                   "|---|---|---|---|---|---|---|---|"]
-        for cmp in sorted(ev.comparisons, key=lambda x: (not x.gated, x.cell, x.metric)):
+        shown = [c for c in ev.comparisons if c.gated]
+        ungated = sorted((c for c in ev.comparisons if not c.gated), key=lambda c: -abs(c.comparison.change))
+        shown += ungated[:10]
+        for cmp in sorted(shown, key=lambda x: (not x.gated, x.cell, x.metric)):
             k = cmp.comparison
             ci = f"[{k.low:+.1%}, {k.high:+.1%}]" if abs(k.low) != float("inf") else "n/a"
             lines.append(f"| {md_escape(cmp.cell)} | {md_escape(cmp.metric)} | {k.base_median:.4g} {md_escape(cmp.unit)} | "
                          f"{k.cand_median:.4g} | {k.change:+.1%} | {ci} | "
                          f"{f'{k.tolerance:.0%}' if cmp.gated else 'not gated'} | {k.outcome.value} |")
+        if len(ev.comparisons) > len(shown):
+            lines += ["", f"{len(ev.comparisons) - len(shown)} more ungated comparisons are in report.json and "
+                          "report.html."]
         lines.append("")
     if ev.parity:
         lines += ["## Numerics", "", "| cell | metric | bitwise | within tolerance | worst step | worst diff |",
                   "|---|---|---|---|---|---|"]
         lines += [f"| {md_escape(p.cell)} | {md_escape(p.metric)} | {p.parity.bitwise} | {p.parity.within} | "
-                  f"{p.parity.worst_index} | {p.parity.worst_abs:.3g} |" for p in ev.parity]
+                  f"{'-' if p.parity.bitwise else p.parity.worst_index} | {p.parity.worst_abs:.3g} |" for p in ev.parity]
         lines.append("")
     if ev.new_warnings:
         lines += ["## New warnings in the candidate (upgrade work items)", ""]
