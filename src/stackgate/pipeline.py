@@ -172,6 +172,8 @@ def run(opts: Options, env: Mapping[str, str], say: Printer = print) -> int:
         trends={},
     )
     code = exit_code(report)
+    if any(r.status is Status.INFRA_ERROR for r in all_results.values()):
+        code = int(ExitCode.INFRA)  # the run could not decide; `--resume` retries those cells
     candidate = ", ".join(str(v) for v in loaded.torch)
     history.record(opts.history, run_id=run_id, matrix=loaded.spec.name, channel=loaded.spec.channel,
                    started=started, finished=report.finished, decision=outcome.verdict.decision.value,

@@ -145,3 +145,21 @@ def test_download_platforms_cover_every_manylinux_tag_the_base_loads() -> None:
     tags = images.platforms((2, 36))
     assert tags[0] == "manylinux_2_36_x86_64" and "manylinux_2_18_x86_64" in tags and "manylinux_2_17_x86_64" in tags
     assert "manylinux2014_x86_64" in tags and "manylinux_2_37_x86_64" not in tags
+
+
+def test_engine_lost_mid_run_is_an_infra_error_and_the_run_goes_on(backend: tuple[DockerBackend, FakeEngine],
+                                                                  tmp_path: Path) -> None:
+    from stackgate import pipeline
+    from stackgate.errors import InfraError
+    be, engine = backend
+    handle = be.prepare(STACK, tmp_path / "b.log")
+
+    def gone(*args: object, **kwargs: object) -> list[ContainerExit]:
+        raise InfraError("lost the Docker engine: connection refused")
+
+    engine.run_group = gone  # type: ignore[method-assign]
+    pool = RunnerPool("local", None, GpuClass.NONE, nodes=1, is_local=True)
+    cell = Cell(STACK, pool, Topology(1, 2), Role.CANDIDATE)
+    ctx = RunContext("r3", tmp_path / "run", suite.SuiteSpec())
+    result = pipeline._run_one(be, cell, handle, ctx, pipeline.Progress(lambda _: None), lambda _: None, "main")
+    assert result.status is Status.INFRA_ERROR and "lost the Docker engine" in result.reason

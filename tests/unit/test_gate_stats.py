@@ -132,3 +132,11 @@ def test_busbw_regression_per_message_size_is_gated_on_gpu() -> None:
     assert out.verdict.decision is Decision.NO_GO
     assert any(r.kind == "regression" and "busbw[collective=all_reduce,size=16777216]" in r.message
                for r in out.verdict.blocking)
+
+
+def test_infrastructure_error_is_inconclusive_not_no_go() -> None:
+    prod, cand, pres, cres = _pair()
+    cres = replace(cres, status=Status.INFRA_ERROR, reason="lost the Docker engine", tests=())
+    out = gate.decide((prod, cand), (), {prod.id: pres, cand.id: cres}, POLICY, TODAY)
+    assert out.verdict.decision is Decision.INCONCLUSIVE
+    assert any(r.kind == "cell-infra-error" for r in out.verdict.reasons)
