@@ -72,17 +72,17 @@ def render(report: RunReport) -> str:
         lines += ["## Performance (candidate vs production)", "",
                   "| cell | metric | production | candidate | change | 95% CI | tolerance | outcome |",
                   "|---|---|---|---|---|---|---|---|"]
-        shown = [c for c in ev.comparisons if c.gated]
+        rows = [c for c in ev.comparisons if c.gated]
         ungated = sorted((c for c in ev.comparisons if not c.gated), key=lambda c: -abs(c.comparison.change))
-        shown += ungated[:10]
-        for cmp in sorted(shown, key=lambda x: (not x.gated, x.cell, x.metric)):
+        rows += ungated[:10]
+        for cmp in sorted(rows, key=lambda x: (not x.gated, x.cell, x.metric)):
             k = cmp.comparison
             ci = f"[{k.low:+.1%}, {k.high:+.1%}]" if abs(k.low) != float("inf") else "n/a"
             lines.append(f"| {md_escape(cmp.cell)} | {md_escape(cmp.metric)} | {k.base_median:.4g} {md_escape(cmp.unit)} | "
                          f"{k.cand_median:.4g} | {k.change:+.1%} | {ci} | "
                          f"{f'{k.tolerance:.0%}' if cmp.gated else 'not gated'} | {k.outcome.value} |")
-        if len(ev.comparisons) > len(shown):
-            lines += ["", f"{len(ev.comparisons) - len(shown)} more ungated comparisons are in report.json and "
+        if len(ev.comparisons) > len(rows):
+            lines += ["", f"{len(ev.comparisons) - len(rows)} more ungated comparisons are in report.json and "
                           "report.html."]
         lines.append("")
     if ev.parity:
