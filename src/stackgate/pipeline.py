@@ -15,6 +15,7 @@ from packaging.version import Version
 from stackgate import compat as compat_mod
 from stackgate import gate, history, matrix, results, sources
 from stackgate.backends.base import Backend, EnvHandle, PrepareFailed, RunContext
+from stackgate.docker_engine import DockerEngine
 from stackgate.errors import ConfigError, ExitCode, InfraError
 from stackgate.model import Cell, CellResult, Role, RunnerPool, Status, WheelSource
 from stackgate.options import Options, parse_shard
@@ -76,9 +77,11 @@ def make_backend(opts: Options, loaded: Loaded, env: Mapping[str, str], say: Pri
     from stackgate.backends.venv import VenvBackend
     if opts.backend in ("docker", "auto"):
         from stackgate.backends.docker import DockerBackend
-        from stackgate.docker_engine import DockerEngine
+
         engine = DockerEngine()
         problem = engine.problem()
+        if problem is None and opts.backend == "auto":
+            problem = _base_problem(engine, opts)
         if problem is None:
             return DockerBackend(engine, opts.cache_dir, loaded.table, loaded.host_pip, env, suite_dir=BUNDLED_SUITE,
                                  allow_bootstrap=opts.bootstrap_base, mirror=opts.debian_mirror,
@@ -87,6 +90,17 @@ def make_backend(opts: Options, loaded: Loaded, env: Mapping[str, str], say: Pri
             raise InfraError(problem, hint="start the Docker engine, or use --backend venv")
         say(f"notice: {problem}; falling back to the venv backend")
     return VenvBackend(opts.cache_dir, loaded.table, loaded.host_pip, env)
+
+
+def _base_problem(engine: DockerEngine, opts: Options) -> str | None:
+    """In auto mode, Docker is only chosen when the base image exists or can be bootstrapped."""
+    import shutil
+
+    from stackgate.images import LOCAL_BASE
+    has_base = engine.image_labels(LOCAL_BASE) is not None
+    if has_base or (opts.bootstrap_base and shutil.which("debootstrap")):
+        return None
+    return f"the Docker engine answers but {LOCAL_BASE} is missing and debootstrap is not installed"
 
 
 def new_run_id(matrix_name: str) -> str:
