@@ -12,7 +12,10 @@ sys.path.insert(0, str(ROOT / "integration_tests"))  # pure helpers (busbw, nccl
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The tier is the directory: tests/torch -> `torch`, tests/docker -> `docker` (select with -m)."""
     for item in items:
-        tier = Path(str(item.fspath)).relative_to(ROOT / "tests").parts[0]
+        path = Path(str(item.fspath))
+        if not path.is_relative_to(ROOT / "tests"):
+            continue
+        tier = path.relative_to(ROOT / "tests").parts[0]
         if tier in ("torch", "docker"):
             item.add_marker(getattr(pytest.mark, tier))
 

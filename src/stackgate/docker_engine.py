@@ -32,6 +32,7 @@ class ContainerSpec:
     hostname: str
     gpu: bool = False
     user: str | None = None
+    workdir: str | None = None
 
 
 @dataclass(frozen=True)
@@ -196,6 +197,8 @@ def container_kwargs(spec: ContainerSpec, network: str | None) -> dict[str, Any]
         "cap_drop": ["ALL"], "security_opt": ["no-new-privileges:true"], "read_only": True,
         "tmpfs": {"/tmp": "rw,exec,size=8g"}, "pids_limit": 4096, "user": spec.user,
     }
+    if spec.workdir:
+        kwargs["working_dir"] = spec.workdir
     if network:
         kwargs["network"] = network
     if spec.gpu:

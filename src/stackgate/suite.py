@@ -63,18 +63,31 @@ def suite_env(cell: Cell, *, results: Path, artifacts: Path, shared: Path, profi
     }
 
 
-def pytest_argv(python: str, suite: SuiteSpec, junit: Path, phase: str,
-                bundled: Path = BUNDLED_SUITE) -> list[str]:
-    """pytest over the suite; a user's suite also gets the bundled platform checks (own conftest each)."""
-    argv = [python, "-m", "pytest", str(suite.path), "-v", "-p", "no:cacheprovider", f"--junitxml={junit}",
-            "-o", "junit_family=xunit1"]
-    if suite.platform_checks and suite.path != bundled and phase == "main":
-        argv[4:4] = [str(bundled / name) for name in PLATFORM_CHECKS]
-    else:
-        argv += ["--rootdir", str(suite.path)]
-    if phase == "rollback":
-        argv += ["-m", "crossversion"]
-    return argv + list(suite.pytest_args)
+@dataclass(frozen=True)
+class Invocation:
+    """One pytest run per node: the suite itself, and for a user's suite also the platform checks,
+    each with its own rootdir and configuration."""
+
+    label: str
+    args: tuple[str, ...]
+    cwd: Path
+
+
+def invocations(spec: SuiteSpec, phase: str, *, path: Path | None = None,
+                bundled: Path = BUNDLED_SUITE) -> list[Invocation]:
+    path = path or spec.path
+    common = ("-v", "-p", "no:cacheprovider", "-o", "junit_family=xunit1")
+    out = []
+    if spec.platform_checks and path != bundled and phase == "main":
+        checks = tuple(str(bundled / name) for name in PLATFORM_CHECKS)
+        out.append(Invocation("platform", (*checks, "--rootdir", str(bundled), *common), bundled))
+    only = ("-m", "crossversion") if phase == "rollback" else ()
+    out.append(Invocation("suite", (str(path), "--rootdir", str(path), *common, *only, *spec.pytest_args), path))
+    return out
+
+
+def pytest_argv(python: str, invocation: Invocation, junit: Path) -> list[str]:
+    return [python, "-m", "pytest", *invocation.args, f"--junitxml={junit}"]
 
 
 def parse_junit(paths: list[Path]) -> tuple[TestOutcome, ...]:

@@ -105,15 +105,21 @@ def test_results_append_read_and_torn_line(tmp_path: Path) -> None:
     assert results.resume_dir(tmp_path.parent, tmp_path.name) == tmp_path
 
 
-def test_pytest_argv_adds_platform_checks_to_a_users_suite(tmp_path: Path) -> None:
-    own = suite.pytest_argv("py", suite.SuiteSpec(), tmp_path / "j.xml", "main")
-    assert own[3] == str(suite.BUNDLED_SUITE) and "--rootdir" in own
-    user = suite.pytest_argv("py", suite.SuiteSpec(path=tmp_path), tmp_path / "j.xml", "main")
-    assert [Path(a).name for a in user[3:7]] == [tmp_path.name, *suite.PLATFORM_CHECKS]
-    off = suite.pytest_argv("py", suite.SuiteSpec(path=tmp_path, platform_checks=False), tmp_path / "j.xml", "main")
-    assert not any(a.endswith("test_identity.py") for a in off)
-    rollback = suite.pytest_argv("py", suite.SuiteSpec(), tmp_path / "j.xml", "rollback")
-    assert rollback[-2:] == ["-m", "crossversion"]
+def test_a_users_suite_gets_a_separate_platform_checks_invocation(tmp_path: Path) -> None:
+    own = suite.invocations(suite.SuiteSpec(), "main")
+    assert [i.label for i in own] == ["suite"] and own[0].args[:3] == (str(suite.BUNDLED_SUITE), "--rootdir",
+                                                                        str(suite.BUNDLED_SUITE))
+    user = suite.invocations(suite.SuiteSpec(path=tmp_path, pytest_args=("-k", "mine")), "main")
+    assert [i.label for i in user] == ["platform", "suite"]
+    assert [Path(a).name for a in user[0].args[:3]] == list(suite.PLATFORM_CHECKS)
+    assert "-k" not in user[0].args and user[1].args[-2:] == ("-k", "mine")  # the user's filter is theirs
+    assert user[0].cwd == suite.BUNDLED_SUITE and user[1].cwd == tmp_path
+    off = suite.invocations(suite.SuiteSpec(path=tmp_path, platform_checks=False), "main")
+    assert [i.label for i in off] == ["suite"]
+    rollback = suite.invocations(suite.SuiteSpec(path=tmp_path), "rollback")
+    assert [i.label for i in rollback] == ["suite"] and rollback[0].args[-2:] == ("-m", "crossversion")
+    argv = suite.pytest_argv("py", own[0], tmp_path / "j.xml")
+    assert argv[:3] == ["py", "-m", "pytest"] and argv[-1] == f"--junitxml={tmp_path / 'j.xml'}"
 
 
 def test_nightly_resolves_newest_dev_build_from_a_wheelhouse(tmp_path: Path) -> None:

@@ -42,7 +42,7 @@ class RunContext:
     def fresh_cell_dir(self, cell: Cell, phase: str = "main") -> tuple[Path, Path]:
         """The cell's directory without outputs of an earlier attempt, and its shared scratch directory."""
         workdir = self.cell_dir(cell, phase)
-        for old in [*workdir.glob("junit-node*.xml"), *workdir.glob("results-node*.jsonl")]:
+        for old in [*workdir.glob("junit-node*.xml"), *workdir.glob("results-node*.jsonl"), *workdir.glob("node*.log")]:
             old.unlink()
         shared = workdir / "shared"
         shared.mkdir(exist_ok=True)

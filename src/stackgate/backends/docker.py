@@ -98,25 +98,28 @@ class DockerBackend:
         if ctx.suite.path.resolve() != self.suite_dir.resolve():
             suite_path = "/sg/suite"
             mounts.append((str(ctx.suite.path.resolve()), suite_path, "ro"))
-        specs = []
-        for i in range(nodes):
-            env = suite.suite_env(cell, results=Path(f"/sg/out/results-node{i}.jsonl"), artifacts=Path("/sg/artifacts"),
-                                  shared=Path("/sg/shared"), profile=ctx.suite.profile, run_id=ctx.run_id,
-                                  node_rank=i, endpoint=f"node0:{RDZV_PORT}" if nodes > 1 else "", phase=phase,
-                                  extra=ctx.suite.env)
-            spec_suite = suite.SuiteSpec(path=Path(suite_path), pytest_args=ctx.suite.pytest_args,
-                                         profile=ctx.suite.profile, timeout_s=ctx.suite.timeout_s,
-                                         platform_checks=ctx.suite.platform_checks)
-            argv = suite.pytest_argv("python", spec_suite, Path(f"/sg/out/junit-node{i}.xml"), phase,
-                                     bundled=Path(SUITE_IN_IMAGE))
-            specs.append(ContainerSpec(
-                name=f"sg-{tag}-node{i}", image=handle.ref, command=tuple(argv), env=env, mounts=tuple(mounts),
-                hostname=f"node{i}", gpu=cell.device == "cuda", user=f"{os.getuid()}:{os.getgid()}"))
         start = time.monotonic()
-        exits = self.engine.run_group(specs, network=network, timeout_s=ctx.suite.timeout_s, on_line=ctx.on_line)
-        for i, ex in enumerate(exits):
-            (workdir / f"node{i}.log").write_text(ex.log)
-        procs = [_as_proc(ex) for ex in exits]
+        deadline = start + ctx.suite.timeout_s
+        procs = []
+        for inv in suite.invocations(ctx.suite, phase, path=Path(suite_path), bundled=Path(SUITE_IN_IMAGE)):
+            specs = []
+            for i in range(nodes):
+                env = suite.suite_env(cell, results=Path(f"/sg/out/results-node{i}.jsonl"),
+                                      artifacts=Path("/sg/artifacts"), shared=Path("/sg/shared"),
+                                      profile=ctx.suite.profile, run_id=ctx.run_id, node_rank=i,
+                                      endpoint=f"node0:{RDZV_PORT}" if nodes > 1 else "", phase=phase,
+                                      extra=ctx.suite.env)
+                argv = suite.pytest_argv("python", inv, Path(f"/sg/out/junit-node{i}-{inv.label}.xml"))
+                specs.append(ContainerSpec(
+                    name=f"sg-{tag}-{inv.label}-node{i}", image=handle.ref, command=tuple(argv), env=env,
+                    mounts=tuple(mounts), hostname=f"node{i}", gpu=cell.device == "cuda",
+                    user=f"{os.getuid()}:{os.getgid()}", workdir=str(inv.cwd)))
+            exits = self.engine.run_group(specs, network=f"{network}-{inv.label}",
+                                          timeout_s=max(deadline - time.monotonic(), 1), on_line=ctx.on_line)
+            for i, ex in enumerate(exits):
+                with (workdir / f"node{i}.log").open("a") as log:
+                    log.write(ex.log)
+            procs += [_as_proc(ex) for ex in exits]
         return suite.build_result(cell, procs, workdir, time.monotonic() - start, phase,
                                   extra_env={"backend": "docker", "image": handle.ref, "env_key": handle.key,
                                              "image_labels": handle.sbom.get("labels", {})})

@@ -84,26 +84,30 @@ class VenvBackend:
         workdir, shared = ctx.fresh_cell_dir(cell, phase)
         endpoint = f"127.0.0.1:{free_port()}" if cell.topology.nodes > 1 else ""
         venv_bin = str(Path(handle.ref).parent)
-        results: list[proc.ProcResult | None] = [None] * cell.topology.nodes
+        procs: list[proc.ProcResult] = []
         start = time.monotonic()
+        deadline = start + ctx.suite.timeout_s
 
-        def node(i: int) -> None:
-            env = {**self.env, **suite.suite_env(
-                cell, results=workdir / f"results-node{i}.jsonl", artifacts=ctx.artifacts_dir(cell),
-                shared=shared, profile=ctx.suite.profile, run_id=ctx.run_id, node_rank=i, endpoint=endpoint,
-                phase=phase, extra=ctx.suite.env)}
-            env["PATH"] = venv_bin + os.pathsep + env.get("PATH", "")
-            env["VIRTUAL_ENV"] = str(Path(venv_bin).parent)
-            argv = suite.pytest_argv(handle.ref, ctx.suite, workdir / f"junit-node{i}.xml", phase)
-            results[i] = proc.run(argv, env=env, cwd=ctx.suite.path, timeout_s=ctx.suite.timeout_s,
-                                  on_line=ctx.on_line if i == 0 else None, log_path=workdir / f"node{i}.log")
+        for inv in suite.invocations(ctx.suite, phase):
+            results: list[proc.ProcResult | None] = [None] * cell.topology.nodes
 
-        threads = [threading.Thread(target=node, args=(i,), daemon=True) for i in range(cell.topology.nodes)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        procs = [r for r in results if r is not None]
+            def node(i: int, inv: suite.Invocation = inv, results: list[proc.ProcResult | None] = results) -> None:
+                env = {**self.env, **suite.suite_env(
+                    cell, results=workdir / f"results-node{i}.jsonl", artifacts=ctx.artifacts_dir(cell),
+                    shared=shared, profile=ctx.suite.profile, run_id=ctx.run_id, node_rank=i, endpoint=endpoint,
+                    phase=phase, extra=ctx.suite.env)}
+                env["PATH"] = venv_bin + os.pathsep + env.get("PATH", "")
+                env["VIRTUAL_ENV"] = str(Path(venv_bin).parent)
+                argv = suite.pytest_argv(handle.ref, inv, workdir / f"junit-node{i}-{inv.label}.xml")
+                results[i] = proc.run(argv, env=env, cwd=inv.cwd, timeout_s=max(deadline - time.monotonic(), 1),
+                                      on_line=ctx.on_line if i == 0 else None, log_path=workdir / f"node{i}.log")
+
+            threads = [threading.Thread(target=node, args=(i,), daemon=True) for i in range(cell.topology.nodes)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            procs += [r for r in results if r is not None]
         return suite.build_result(cell, procs, workdir, time.monotonic() - start, phase,
                                   extra_env={"backend": "venv", "env_key": handle.key})
 
