@@ -131,9 +131,3 @@ def _explain(outdir: Path, launcher_out: str, rc: int | None, timed_out: bool, t
     lines.extend(launcher_out.splitlines()[-20:])
     return "\n".join(lines)
 
-
-def global_rank0(results: list[dict]) -> dict | None:
-    for r in results:
-        if r["rank"] == 0:
-            return r
-    return None

@@ -78,21 +78,16 @@ def download_args(index_args: Sequence[str], python: str, ca_bundle: str | None)
             "--disable-pip-version-check"]
     for platform in platforms():
         args += ["--platform", platform]
-    translated = []
-    skip = False
-    for i, a in enumerate(index_args):  # uv spellings -> pip spellings
-        if skip:
-            skip = False
-            continue
-        if a == "--index-strategy":
-            skip = True
-            continue
-        if a == "--prerelease":
-            skip = True
+    translated: list[str] = []
+    items = iter(index_args)
+    for a in items:  # uv spellings -> pip spellings
+        if a == "--index-strategy":  # pip always considers every index
+            next(items, None)
+        elif a == "--prerelease":
+            next(items, None)
             translated.append("--pre")
-            continue
-        translated.append(a)
-        _ = i
+        else:
+            translated.append(a)
     if ca_bundle:
         args += ["--cert", ca_bundle]
     return args + translated

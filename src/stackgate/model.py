@@ -209,10 +209,6 @@ class Status(str, enum.Enum):
     SKIPPED = "skipped"
     NOT_RUN_HERE = "not-run-here"
 
-    @property
-    def ran(self) -> bool:
-        return self not in (Status.SKIPPED, Status.NOT_RUN_HERE, Status.BUILD_FAILED)
-
 
 @dataclass(frozen=True)
 class TestOutcome:

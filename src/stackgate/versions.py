@@ -135,8 +135,3 @@ def parse_python(text: str) -> str:
     if not _PYTHON.match(text):
         raise ConfigError(f"unparseable Python version {text!r}", hint="use major.minor, for example 3.11")
     return text
-
-
-def python_tuple(text: str) -> tuple[int, int]:
-    major, minor = text.rstrip("t").split(".")
-    return int(major), int(minor)
