@@ -83,6 +83,10 @@ def build_parser() -> argparse.ArgumentParser:
     base.add_argument("--mirror", default="http://deb.debian.org/debian")
     base.add_argument("--force", action="store_true", help="rebuild even if the tag exists")
 
+    prune = sub.add_parser("prune", help="remove old stack images (keeps the newest per stack) and build stages")
+    prune.add_argument("--keep", type=int, default=1, help="images to keep per stack label")
+    prune.add_argument("--dry-run", action="store_true")
+
     st = sub.add_parser("selftest", help="inject known faults and check the gate catches each")
     st.add_argument("--json", action="store_true")
     return parser
@@ -115,6 +119,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         return _matrix_show(args)
     if args.command == "history":
         return _history(args)
+    if args.command == "prune":
+        return _prune(args)
     if args.command == "base-image":
         return _base_image(args)
     if args.command == "selftest":
@@ -212,4 +218,26 @@ def _base_image(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="stackgate-base-") as work:
         images.bootstrap_base(engine, args.tag, mirror=args.mirror, work_dir=Path(work))
     print(f"imported {args.tag}")
+    return 0
+
+
+def _prune(args: argparse.Namespace) -> int:
+    from stackgate import images
+    from stackgate.docker_engine import DockerEngine
+    from stackgate.errors import ConfigError, InfraError
+    if args.keep < 1:
+        raise ConfigError("--keep must be at least 1")
+    engine = DockerEngine()
+    problem = engine.problem()
+    if problem:
+        raise InfraError(problem, hint="start dockerd first")
+    found = [images.ImageInfo(tag, created) for tag, created in engine.stack_images()]
+    stale = images.stale_images(found, args.keep)
+    for tag in stale:
+        print(f"{'would remove' if args.dry_run else 'remove'} {tag}")
+    if args.dry_run:
+        return 0
+    engine.remove_images(stale)
+    reclaimed = engine.prune_dangling()
+    print(f"removed {len(stale)} image(s); dangling build stages: {reclaimed / 2**30:.1f} GiB reclaimed")
     return 0

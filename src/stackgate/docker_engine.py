@@ -116,6 +116,22 @@ class DockerEngine:
         except docker.errors.APIError as exc:
             raise BuildError(f"docker build of {tag} failed: {exc}", "\n".join(tail[-80:])) from None
 
+    def stack_images(self) -> list[tuple[str, str]]:
+        """(tag, created) of every stackgate stack image."""
+        out = []
+        for image in self.client.images.list(name="stackgate/stack"):
+            for tag in image.tags:
+                out.append((tag, str(image.attrs.get("Created", ""))))
+        return out
+
+    def remove_images(self, tags: Sequence[str]) -> None:
+        for tag in tags:
+            self.client.images.remove(tag)
+
+    def prune_dangling(self) -> int:
+        """Remove untagged images (old build stages); bytes reclaimed."""
+        return int(self.client.images.prune(filters={"dangling": True}).get("SpaceReclaimed") or 0)
+
     def import_rootfs(self, rootfs: Path, tag: str) -> None:
         """`tar -C rootfs -c . | docker import - tag`, streamed."""
         buf = io.BytesIO()

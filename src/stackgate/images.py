@@ -208,6 +208,25 @@ def bootstrap_base(engine: Engine, tag: str, *, mirror: str, work_dir: Path, sui
         shutil.rmtree(rootfs, ignore_errors=True)
 
 
+@dataclass(frozen=True)
+class ImageInfo:
+    tag: str
+    created: str  # ISO time, sortable
+
+
+def stale_images(found: Sequence[ImageInfo], keep: int = 1) -> list[str]:
+    """`stackgate/stack:<label>-<key>` tags to remove: all but the newest `keep` per stack label."""
+    by_label: dict[str, list[ImageInfo]] = {}
+    for image in found:
+        label = image.tag.split(":", 1)[-1].rsplit("-", 1)[0]
+        by_label.setdefault(label, []).append(image)
+    stale = []
+    for images_of_label in by_label.values():
+        images_of_label.sort(key=lambda i: i.created, reverse=True)
+        stale += [i.tag for i in images_of_label[keep:]]
+    return sorted(stale)
+
+
 def host_ca_bundle(pip: PipConfig, configured: str | None) -> str | None:
     """The CA bundle pip needs on the host to reach an index. Used by `pip download` only."""
     return configured or pip.cert

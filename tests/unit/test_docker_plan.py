@@ -163,3 +163,13 @@ def test_engine_lost_mid_run_is_an_infra_error_and_the_run_goes_on(backend: tupl
     ctx = RunContext("r3", tmp_path / "run", suite.SuiteSpec())
     result = pipeline._run_one(be, cell, handle, ctx, pipeline.Progress(lambda _: None), lambda _: None, "main")
     assert result.status is Status.INFRA_ERROR and "lost the Docker engine" in result.reason
+
+
+def test_prune_keeps_the_newest_image_per_stack() -> None:
+    found = [images.ImageInfo("stackgate/stack:cpu-torch2.13.0-py3.11-aaaa", "2026-11-29T09:00:00Z"),
+             images.ImageInfo("stackgate/stack:cpu-torch2.13.0-py3.11-bbbb", "2026-11-29T10:00:00Z"),
+             images.ImageInfo("stackgate/stack:cpu-torch2.13.0-py3.11-cccc", "2026-11-28T10:00:00Z"),
+             images.ImageInfo("stackgate/stack:cu130-torch2.14.1-py3.11-dddd", "2026-11-01T00:00:00Z")]
+    assert images.stale_images(found) == ["stackgate/stack:cpu-torch2.13.0-py3.11-aaaa",
+                                          "stackgate/stack:cpu-torch2.13.0-py3.11-cccc"]
+    assert images.stale_images(found, keep=2) == ["stackgate/stack:cpu-torch2.13.0-py3.11-cccc"]
