@@ -82,7 +82,7 @@ def decide(cells: Sequence[Cell], not_here: Sequence[NotHere], results: Mapping[
                                       cell=cell.id, kind="missing-result"))
             continue
         reasons += _cell_reasons(cell, result, is_required, policy)
-        rollback = results.get(f"{cell.id}@rollback")
+        rollback = results.get(cell.result_id("rollback"))
         if rollback is not None:
             for t in rollback.tests:
                 if t.outcome in ("failed", "error"):

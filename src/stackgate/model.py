@@ -149,6 +149,10 @@ class Cell:
         prefix = "prod-" if self.role is Role.PRODUCTION else ""
         return f"{prefix}{self.pool.name}-{self.pool.tag}-{self.stack.label}-{self.topology}"
 
+    def result_id(self, phase: str = "main") -> str:
+        """The id of this cell's result in a phase: `<id>` for the main run, `<id>@rollback` etc."""
+        return self.id if phase == "main" else f"{self.id}@{phase}"
+
     @property
     def device(self) -> str:
         return "cuda" if self.pool.has_gpu else "cpu"

@@ -186,8 +186,6 @@ def run(opts: Options, env: Mapping[str, str], say: Printer = print) -> int:
         trends={},
     )
     code = exit_code(report)
-    if any(r.status is Status.INFRA_ERROR for r in all_results.values()):
-        code = int(ExitCode.INFRA)  # the run could not decide; `--resume` retries those cells
     candidate = ", ".join(str(v) for v in loaded.torch)
     history.record(opts.history, run_id=run_id, matrix=loaded.spec.name, channel=loaded.spec.channel,
                    started=started, finished=report.finished, decision=outcome.verdict.decision.value,
@@ -215,6 +213,8 @@ def parse_suite_env(items: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
 
 
 def exit_code(report: RunReport) -> int:
+    if any(r.status is Status.INFRA_ERROR for r in report.results.values()):
+        return int(ExitCode.INFRA)  # the run could not decide; `--resume` retries those cells
     decision = report.gate.verdict.decision.value
     if decision == "GO":
         return int(ExitCode.GO)
@@ -252,7 +252,6 @@ def _run_cells(backend: Backend, cells: tuple[Cell, ...], ctx: RunContext, done:
         return handles[key]
 
     ordered = run_order(cells)
-    passed_pairs: set[tuple[str, str]] = set()
     for cell in ordered:
         if cell.id in done and done[cell.id].status is not Status.INFRA_ERROR:
             say(f"skip {cell.id}: finished in the resumed run ({done[cell.id].status.value})")
@@ -262,15 +261,13 @@ def _run_cells(backend: Backend, cells: tuple[Cell, ...], ctx: RunContext, done:
     finished = results.read(ctx.run_dir)
     if not opts.rollback:
         return
-    for cand in (c for c in ordered if c.role is Role.CANDIDATE):
-        r = finished.get(cand.id)
-        if r is not None and r.status in (Status.PASSED, Status.FAILED):
-            passed_pairs.add(cand.comparison_key)
+    # rollback only where a candidate ran its suite (and so wrote artifacts for production to read)
+    candidate_ran = {c.comparison_key for c in ordered if c.role is Role.CANDIDATE
+                     and c.id in finished and finished[c.id].status in (Status.PASSED, Status.FAILED)}
     for cell in ordered:
-        if cell.role is not Role.PRODUCTION or cell.comparison_key not in passed_pairs:
+        if cell.role is not Role.PRODUCTION or cell.comparison_key not in candidate_ran:
             continue
-        key = f"{cell.id}@rollback"
-        if key in finished:
+        if cell.result_id("rollback") in finished:
             continue
         handle = handle_for(cell)
         if isinstance(handle, PrepareFailed):
@@ -280,7 +277,7 @@ def _run_cells(backend: Backend, cells: tuple[Cell, ...], ctx: RunContext, done:
 
 def _run_one(backend: Backend, cell: Cell, handle: EnvHandle | PrepareFailed, ctx: RunContext, progress: Progress,
              say: Printer, phase: str) -> CellResult:
-    label = cell.id if phase == "main" else f"{cell.id}@{phase}"
+    label = cell.result_id(phase)
     if isinstance(handle, PrepareFailed):
         return CellResult(cell_id=label, role=cell.role, status=Status.BUILD_FAILED, reason=str(handle),
                           log_tail=handle.log_tail, cell=cell.to_json())

@@ -4,7 +4,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from stackgate.model import Cell, EnvPlan, Role
+from stackgate.compat import CompatTable
+from stackgate.model import Cell, EnvPlan, Role, Stack
+
+SUITE_REQUIREMENTS = ("numpy", "pytest")
+
+
+def requirements(table: CompatTable, stack: Stack, suite: Sequence[str] = SUITE_REQUIREMENTS) -> list[str]:
+    """What an environment for `stack` installs: torch (PyPI's default variant has no local label),
+    the suite's needs and the stack's extras. Both backends install exactly this."""
+    release = table.release(stack.torch)
+    return [stack.requirement(release.pypi_default if release else None), *suite, *stack.extra_requirements]
 
 
 def plan_envs(cells: Sequence[Cell]) -> tuple[EnvPlan, ...]:

@@ -197,7 +197,7 @@ def build_result(cell: Cell, procs: list[ProcResult], workdir: Path, duration_s:
     if status is not Status.PASSED:
         tail = "\n".join(f"===== node {i} =====\n{p.tail}" for i, p in enumerate(procs))
     return CellResult(
-        cell_id=cell.id if phase == "main" else f"{cell.id}@{phase}",
+        cell_id=cell.result_id(phase),
         role=cell.role,
         status=status,
         reason=reason,

@@ -91,3 +91,13 @@ def test_cpu_build_and_cpu_runner_need_no_driver() -> None:
     assert _check(driver=None).ok  # a CUDA build in CPU mode
     mismatch = _check(cuda=CudaVariant("cu130"), torch=parse_torch("2.13.0+cpu"))
     assert not mismatch.ok and mismatch.failures[0].rule == "local-label-matches"
+
+
+def test_environment_requirements_follow_pypi_default_variant() -> None:
+    from stackgate.model import Stack
+    from stackgate.plan import requirements
+    cpu = Stack(parse_torch("2.13.0"), CudaVariant("cpu"), "3.11")
+    default = Stack(parse_torch("2.14.1"), CudaVariant("cu130"), "3.11", extra_requirements=("torchvision==0.29.1",))
+    assert requirements(TABLE, cpu) == ["torch==2.13.0+cpu", "numpy", "pytest"]
+    assert requirements(TABLE, default) == ["torch==2.14.1", "numpy", "pytest", "torchvision==0.29.1"]
+    assert requirements(TABLE, Stack(parse_torch("2.14.1"), CudaVariant("cu126"), "3.11"), ())[0] == "torch==2.14.1+cu126"

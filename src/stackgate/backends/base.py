@@ -35,7 +35,7 @@ class RunContext:
     on_line: Callable[[str], None] | None = None
 
     def cell_dir(self, cell: Cell, phase: str = "main") -> Path:
-        path = self.run_dir / "cells" / (cell.id if phase == "main" else f"{cell.id}@{phase}")
+        path = self.run_dir / "cells" / cell.result_id(phase)
         path.mkdir(parents=True, exist_ok=True)
         return path
 

@@ -15,6 +15,7 @@ from stackgate.backends.base import EnvHandle, PrepareFailed, RunContext
 from stackgate.compat import CompatTable
 from stackgate.docker_engine import BuildError, ContainerExit, ContainerSpec, Engine
 from stackgate.model import Cell, CellResult, Stack
+from stackgate.plan import SUITE_REQUIREMENTS, requirements
 from stackgate.proc import ProcResult
 from stackgate.sources import PipConfig, installer_args
 
@@ -28,7 +29,7 @@ class DockerBackend:
     def __init__(self, engine: Engine, cache_dir: Path, compat: CompatTable, host_pip: PipConfig,
                  env: Mapping[str, str], *, suite_dir: Path, allow_bootstrap: bool = True,
                  mirror: str = "http://deb.debian.org/debian", ca_bundle: str | None = None,
-                 say: Callable[[str], None] = print, requirements: tuple[str, ...] = ("numpy", "pytest")) -> None:
+                 say: Callable[[str], None] = print, suite_requirements: tuple[str, ...] = SUITE_REQUIREMENTS) -> None:
         self.engine = engine
         self.cache_dir = cache_dir
         self.compat = compat
@@ -39,12 +40,7 @@ class DockerBackend:
         self.mirror = mirror
         self.ca_bundle = images.host_ca_bundle(host_pip, ca_bundle)
         self.say = say
-        self.suite_requirements = requirements
-
-    def requirements(self, stack: Stack) -> list[str]:
-        release = self.compat.release(stack.torch)
-        return [stack.requirement(release.pypi_default if release else None), *self.suite_requirements,
-                *stack.extra_requirements]
+        self.suite_requirements = suite_requirements
 
     def prepare(self, stack: Stack, log_path: Path) -> EnvHandle:
         start = time.monotonic()
@@ -52,7 +48,7 @@ class DockerBackend:
         base_id = images.ensure_base(self.engine, base, allow_bootstrap=self.allow_bootstrap
                                      and base.startswith("stackgate/base:"), mirror=self.mirror, say=self.say,
                                      work_dir=log_path.parent)
-        reqs = self.requirements(stack)
+        reqs = requirements(self.compat, stack, self.suite_requirements)
         house = images.wheelhouse(self.cache_dir, reqs, installer_args(stack.source, self.host_pip), stack.python,
                                   self.ca_bundle, self.env, log_path)
         template = images.TEMPLATE.read_text()

@@ -17,9 +17,9 @@ from stackgate import proc, suite
 from stackgate.backends.base import EnvHandle, PrepareFailed, RunContext, free_port
 from stackgate.compat import CompatTable
 from stackgate.model import Cell, CellResult, Stack
+from stackgate.plan import SUITE_REQUIREMENTS, requirements
 from stackgate.sources import PipConfig, installer_args
 
-SUITE_REQUIREMENTS = ("numpy", "pytest")
 MARKER = "stackgate-env.json"
 
 
@@ -35,19 +35,15 @@ class VenvBackend:
         self.suite_requirements = suite_requirements
 
     # ------------------------------------------------------------------------------------ prepare
-    def requirements(self, stack: Stack) -> list[str]:
-        release = self.compat.release(stack.torch)
-        torch_req = stack.requirement(release.pypi_default if release else None)
-        return [torch_req, *self.suite_requirements, *stack.extra_requirements]
-
-    def key(self, stack: Stack) -> str:
-        blob = json.dumps({"stack": stack.to_json(), "requirements": self.requirements(stack),
+    def key(self, stack: Stack, reqs: list[str]) -> str:
+        blob = json.dumps({"stack": stack.to_json(), "requirements": reqs,
                            "installer": installer_args(stack.source, self.host_pip)}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     def prepare(self, stack: Stack, log_path: Path) -> EnvHandle:
         start = time.monotonic()
-        key = self.key(stack)
+        reqs = requirements(self.compat, stack, self.suite_requirements)
+        key = self.key(stack, reqs)
         root = self.cache_dir / f"{stack.label}-{key}"
         python = root / "bin" / "python"
         marker = root / MARKER
@@ -61,7 +57,7 @@ class VenvBackend:
         steps = [
             [*uv, "venv", "--quiet", "--python", stack.python, str(staging)],
             [*uv, "pip", "install", "--python", str(staging / "bin" / "python"),
-             *installer_args(stack.source, self.host_pip), *self.requirements(stack)],
+             *installer_args(stack.source, self.host_pip), *reqs],
         ]
         env = {**self.env, "UV_PYTHON_DOWNLOADS": "never", "VIRTUAL_ENV": str(staging)}
         for argv in steps:
@@ -70,9 +66,8 @@ class VenvBackend:
                 shutil.rmtree(staging, ignore_errors=True)
                 raise PrepareFailed(f"installing {stack.label} failed (exit {result.returncode})", result.tail)
         freeze = proc.capture([*uv, "pip", "freeze", "--python", str(staging / "bin" / "python")], env=env)
-        sbom = {"key": key, "requirements": self.requirements(stack), "packages": freeze.split(),
+        sbom = {"key": key, "requirements": reqs, "packages": freeze.split(),
                 "python": stack.python, "kind": "venv", "created": time.time()}
-        # the venv must be relocatable for the rename: uv venvs are (no absolute shebang use here)
         (staging / MARKER).write_text(json.dumps(sbom, indent=1))
         shutil.rmtree(root, ignore_errors=True)
         staging.rename(root)
