@@ -14,8 +14,10 @@ from stackgate.errors import ExitCode, StackgateError
 
 
 def _add_run_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--matrix", help="matrix file (default matrix/upgrade.toml)")
-    p.add_argument("--config-dir", help="directory with compat/fleet/production/policy TOML (default matrix)")
+    p.add_argument("--matrix", help="matrix file, or the name of a bundled one (default: the bundled upgrade.toml)")
+    p.add_argument("--config-dir", help="directory with compat/fleet/production/policy TOML (default: the bundled data)")
+    p.add_argument("--policy", help="gate policy file (default: the suite's stackgate-policy.toml, "
+                                    "else <config-dir>/policy.toml for the bundled suite)")
     p.add_argument("--backend", choices=["auto", "venv", "docker"])
     p.add_argument("--candidate", help="candidate torch version (replaces the matrix's torch axis)")
     p.add_argument("--only", action="append", default=[], metavar="GLOB", help="run only cells matching (repeatable)")
@@ -61,13 +63,13 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--python")
     check.add_argument("--gpu-class", default="datacenter", choices=["datacenter", "consumer", "none"])
     check.add_argument("--compat-package", action="store_true", help="the image carries cuda-compat")
-    check.add_argument("--compat-file", default="matrix/compat.toml")
+    check.add_argument("--compat-file", help="compatibility table (default: the bundled compat.toml)")
     check.add_argument("--json", action="store_true")
 
     mx = sub.add_parser("matrix", help="matrix tools").add_subparsers(dest="matrix_command", required=True)
     show = mx.add_parser("show", help="print the expanded matrix with reasons")
-    show.add_argument("file", nargs="?", default="matrix/upgrade.toml")
-    show.add_argument("--config-dir", default="matrix")
+    show.add_argument("file", nargs="?", help="matrix file or bundled name (default: the bundled upgrade.toml)")
+    show.add_argument("--config-dir", help="default: the bundled data")
     show.add_argument("--candidate")
     show.add_argument("--only", action="append", default=[])
     show.add_argument("--json", action="store_true")
@@ -131,7 +133,8 @@ def _dispatch(args: argparse.Namespace) -> int:
 
 def _compat_check(args: argparse.Namespace) -> int:
     from stackgate import compat
-    table = compat.load_compat(Path(args.compat_file))
+    from stackgate.bundled import MATRIX_DIR
+    table = compat.load_compat(Path(args.compat_file).absolute() if args.compat_file else MATRIX_DIR / "compat.toml")
     result = compat.check_strings(table, torch=args.torch, cuda=args.cuda, driver=args.driver, python=args.python,
                                   gpu_class=args.gpu_class, compat_package=args.compat_package)
     if args.json:
@@ -145,11 +148,12 @@ def _compat_check(args: argparse.Namespace) -> int:
 
 
 def _matrix_show(args: argparse.Namespace) -> int:
-    from stackgate import compat, matrix, sources
+    from stackgate import compat, matrix, options, sources
     from stackgate.versions import parse_torch
-    cfg = Path(args.config_dir)
+    opts = options.resolve({"matrix": args.file, "config_dir": args.config_dir}, {}, None)
+    cfg = opts.config_dir
     table = compat.load_compat(cfg / "compat.toml")
-    spec = matrix.load_matrix(Path(args.file))
+    spec = matrix.load_matrix(opts.matrix)
     production = matrix.load_production(cfg / "production.toml")
     pools = matrix.load_pools(cfg / "fleet.toml", matrix.detect_local())
     wanted = [args.candidate] if args.candidate else list(spec.torch)
@@ -189,7 +193,7 @@ def render_matrix_text(exp: object) -> str:
 
 def _history(args: argparse.Namespace) -> int:
     from stackgate import history
-    rows = history.runs(Path(args.history), args.limit, args.matrix)
+    rows = history.runs(Path(args.history).absolute(), args.limit, args.matrix)
     if args.json:
         print(json.dumps([r.__dict__ for r in rows], indent=2))
         return 0

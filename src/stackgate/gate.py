@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime as dt
 import fnmatch
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -66,32 +67,25 @@ def _matches(name: str, globs: Sequence[str]) -> bool:
 
 def decide(cells: Sequence[Cell], not_here: Sequence[NotHere], results: Mapping[str, CellResult],
            policy: Policy, today: dt.date) -> GateOutcome:
+    """Absence is evidence of nothing: every required cell, required test, gated metric and
+    production partner either gives a decision or an INCONCLUSIVE reason naming what is missing."""
     reasons: list[Reason] = []
     by_key: dict[tuple[str, str], Cell] = {c.comparison_key: c for c in cells if c.role is Role.PRODUCTION}
-    required = [c for c in cells if c.required or _matches(c.id, policy.required_cells)]
+    required = {c.id for c in cells if c.required or _matches(c.id, policy.required_cells)}
     candidates = [c for c in cells if c.role is Role.CANDIDATE]
     if not candidates:
         reasons.append(Reason(Severity.INCONCLUSIVE, "no candidate cell ran here", kind="no-candidate"))
 
     for cell in cells:
         result = results.get(cell.id)
-        is_required = cell in required
+        is_required = cell.id in required
         if result is None:
             if is_required:
                 reasons.append(Reason(Severity.INCONCLUSIVE, "required cell has no result (run interrupted?)",
                                       cell=cell.id, kind="missing-result"))
             continue
         reasons += _cell_reasons(cell, result, is_required, policy)
-        rollback = results.get(cell.result_id("rollback"))
-        if rollback is not None:
-            for t in rollback.tests:
-                if t.outcome in ("failed", "error"):
-                    reasons.append(Reason(Severity.BLOCKING,
-                                          f"rollback: production cannot read what the candidate wrote: "
-                                          f"{_first_line(t.message)}", cell=cell.id, test=t.name, kind="rollback"))
-            if rollback.status not in (Status.PASSED, Status.FAILED):
-                reasons.append(Reason(Severity.INCONCLUSIVE, f"rollback phase {rollback.status.value}: "
-                                      f"{rollback.reason}", cell=cell.id, kind="rollback"))
+        reasons += _rollback_reasons(cell, results.get(cell.result_id("rollback")))
 
     for away in not_here:
         required_away = away.cell.required or _matches(away.cell.id, policy.required_cells)
@@ -102,14 +96,28 @@ def decide(cells: Sequence[Cell], not_here: Sequence[NotHere], results: Mapping[
     parity: list[ParityCheck] = []
     new_warnings: dict[str, tuple[str, ...]] = {}
     for cand in candidates:
+        cres = results.get(cand.id)
+        if cres is None:
+            continue  # reported above when required
+        missing = Severity.INCONCLUSIVE if cand.id in required else Severity.INFO
         base = by_key.get(cand.comparison_key)
-        cres, bres = results.get(cand.id), results.get(base.id) if base else None
-        if base is None or cres is None or bres is None:
+        if base is None:
+            reasons.append(Reason(missing, "no production baseline to compare with (its cell was pruned or not "
+                                  "selected)", cell=cand.id, kind="no-baseline"))
             continue
-        c_cmp, c_par, c_reasons = _compare(cand, base, cres, bres, policy)
+        bres = results.get(base.id)
+        if bres is None:
+            reasons.append(Reason(missing, f"production baseline {base.id} has no result: nothing to compare with",
+                                  cell=cand.id, kind="no-baseline"))
+            continue
+        if not (_ran(bres) and _ran(cres)):
+            continue  # a cell that did not run its suite has its own reason above
+        c_cmp, c_par, c_reasons = _compare(cand, base, cres, bres, policy, missing)
         comparisons += c_cmp
         parity += c_par
         reasons += c_reasons
+        if policy.all_tests_required and cand.id in required:
+            reasons += _same_tests(cand, cres, bres)
         fresh = tuple(w for w in cres.warnings if w not in set(bres.warnings))
         if fresh:
             new_warnings[cand.id] = fresh
@@ -130,9 +138,33 @@ def decide(cells: Sequence[Cell], not_here: Sequence[NotHere], results: Mapping[
                        Evidence(tuple(comparisons), tuple(parity), new_warnings))
 
 
+def _ran(result: CellResult) -> bool:
+    """The suite ran to completion (its tests passed or failed): its metrics can be compared."""
+    return result.status in (Status.PASSED, Status.FAILED)
+
+
 def _first_line(text: str) -> str:
     lines = [line for line in text.strip().splitlines() if line.strip()]
     return lines[0][:300] if lines else ""
+
+
+def _rollback_reasons(cell: Cell, rollback: CellResult | None) -> list[Reason]:
+    if rollback is None:
+        return []
+    out = []
+    for t in rollback.tests:
+        if t.outcome in ("failed", "error"):
+            out.append(Reason(Severity.BLOCKING, f"rollback: production cannot read what the candidate wrote: "
+                              f"{_first_line(t.message)}", cell=cell.id, test=t.name, kind="rollback"))
+    if rollback.status is Status.SKIPPED:
+        out.append(Reason(Severity.INFO, f"rollback phase: {rollback.reason}", cell=cell.id, kind="rollback"))
+    elif rollback.status is Status.FAILED and not any(t.outcome in ("failed", "error") for t in rollback.tests):
+        out.append(Reason(Severity.BLOCKING, f"rollback phase failed with no failing test recorded: {rollback.reason}",
+                          cell=cell.id, kind="rollback"))
+    elif not _ran(rollback):
+        out.append(Reason(Severity.INCONCLUSIVE, f"rollback phase {rollback.status.value}: {rollback.reason}",
+                          cell=cell.id, kind="rollback"))
+    return out
 
 
 def _cell_reasons(cell: Cell, result: CellResult, is_required: bool, policy: Policy) -> list[Reason]:
@@ -145,14 +177,17 @@ def _cell_reasons(cell: Cell, result: CellResult, is_required: bool, policy: Pol
         out.append(Reason(Severity.INCONCLUSIVE, f"{prefix}infrastructure error: {result.reason}", cell=cell.id,
                           kind="cell-infra-error"))
         return out
-    if result.status not in (Status.PASSED, Status.FAILED):
+    if not _ran(result):
         out.append(Reason(bad, f"{prefix}cell {result.status.value}: {result.reason}", cell=cell.id,
                           kind=f"cell-{result.status.value}"))
         return out
-    for t in result.tests:
-        if t.outcome in ("failed", "error"):
-            out.append(Reason(bad, f"{prefix}{t.outcome}: {_first_line(t.message)}", cell=cell.id, test=t.name,
-                              kind="failed-test"))
+    failed = [t for t in result.tests if t.outcome in ("failed", "error")]
+    for t in failed:
+        out.append(Reason(bad, f"{prefix}{t.outcome}: {_first_line(t.message)}", cell=cell.id, test=t.name,
+                          kind="failed-test"))
+    if result.status is Status.FAILED and not failed:
+        out.append(Reason(bad, f"{prefix}cell failed but no failing test was recorded: {result.reason or 'no reason'}",
+                          cell=cell.id, kind="failed-without-test"))
     if not is_required:
         return out
     wanted = list(policy.required_tests) + ([] if is_prod else list(policy.candidate_tests))
@@ -165,6 +200,27 @@ def _cell_reasons(cell: Cell, result: CellResult, is_required: bool, policy: Pol
             if t.outcome == "skipped":
                 out.append(Reason(Severity.INCONCLUSIVE, f"required test was skipped: {_first_line(t.message)}",
                                   cell=cell.id, test=t.name, kind="required-test-skipped"))
+    for pattern in policy.required_metrics:
+        if not any(fnmatch.fnmatchcase(m.name, pattern) or fnmatch.fnmatchcase(m.key, pattern)
+                   for m in result.metrics):
+            out.append(Reason(Severity.INCONCLUSIVE, f"{prefix}required metric {pattern} was not recorded",
+                              cell=cell.id, test=pattern, kind="missing-metric"))
+    return out
+
+
+def _same_tests(cand: Cell, cres: CellResult, bres: CellResult) -> list[Reason]:
+    """A user suite's default policy: every test that passed in production must pass in the candidate."""
+    out = []
+    for t in bres.tests:
+        if t.outcome != "passed":
+            continue
+        mine = next((c for c in cres.tests if c.name == t.name), None)
+        if mine is None:
+            out.append(Reason(Severity.INCONCLUSIVE, "passed in production but did not run in the candidate",
+                              cell=cand.id, test=t.name, kind="required-test-missing"))
+        elif mine.outcome == "skipped":
+            out.append(Reason(Severity.INCONCLUSIVE, f"passed in production but was skipped in the candidate: "
+                              f"{_first_line(mine.message)}", cell=cand.id, test=t.name, kind="required-test-skipped"))
     return out
 
 
@@ -172,34 +228,49 @@ def _metric_index(result: CellResult) -> dict[str, Metric]:
     return {m.key: m for m in result.metrics}
 
 
-def _compare(cand: Cell, base: Cell, cres: CellResult, bres: CellResult,
-             policy: Policy) -> tuple[list[MetricComparison], list[ParityCheck], list[Reason]]:
+def _compare(cand: Cell, base: Cell, cres: CellResult, bres: CellResult, policy: Policy,
+             missing: Severity) -> tuple[list[MetricComparison], list[ParityCheck], list[Reason]]:
     comparisons, parity, reasons = [], [], []
-    bmetrics = _metric_index(bres)
-    for key, metric in _metric_index(cres).items():
-        other = bmetrics.get(key)
-        if other is None or not metric.samples or not other.samples:
+    bmetrics, cmetrics = _metric_index(bres), _metric_index(cres)
+    for key in sorted(set(bmetrics) | set(cmetrics)):
+        metric, other = cmetrics.get(key), bmetrics.get(key)
+        known = metric or other
+        assert known is not None
+        numerics = policy.numerics_rule(known.name) if known.better == "equal" else None
+        rule_p = policy.metric_rule(known.name, dict(known.tags), cand.device) if known.better != "equal" else None
+        gated = numerics is not None or rule_p is not None
+        if metric is None or other is None or not metric.samples or not other.samples:
+            if gated:
+                side = "candidate" if metric is None or not metric.samples else "production"
+                reasons.append(Reason(missing, f"gated metric {key} has no samples in the {side} cell: "
+                                      "nothing to compare", cell=cand.id, test=known.test, kind="missing-metric"))
             continue
-        if metric.better == "equal":
-            rule = policy.numerics_rule(metric.name)
-            if rule is None:
-                continue
-            p = stats.parity(other.samples, metric.samples, rtol=rule.rtol, atol=rule.atol, steps=rule.steps or None)
-            parity.append(ParityCheck(cand.id, base.id, key, p, rule.rtol, rule.atol))
+        if numerics is not None:
+            p = stats.parity(other.samples, metric.samples, rtol=numerics.rtol, atol=numerics.atol,
+                             steps=numerics.steps or None)
+            parity.append(ParityCheck(cand.id, base.id, key, p, numerics.rtol, numerics.atol))
             if p.bitwise:
                 reasons.append(Reason(Severity.INFO, f"{key}: bitwise identical to production over {p.compared} steps",
                                       cell=cand.id, kind="numerics"))
             elif not p.within:
+                what = p.problem or (f"step {p.worst_index} differs by {p.worst_abs:.3g} ({p.worst_rel:.2%})")
                 reasons.append(Reason(Severity.BLOCKING,
-                                      f"numerics drift in {key}: step {p.worst_index} differs by {p.worst_abs:.3g} "
-                                      f"({p.worst_rel:.2%}); tolerance rtol={rule.rtol:g} atol={rule.atol:g}",
-                                      cell=cand.id, test=metric.test, kind="numerics"))
+                                      f"numerics drift in {key}: {what}; tolerance rtol={numerics.rtol:g} "
+                                      f"atol={numerics.atol:g}", cell=cand.id, test=metric.test, kind="numerics"))
             continue
-        tags = dict(metric.tags)
-        rule_p = policy.metric_rule(metric.name, tags, cand.device)
-        cmp = stats.compare(other.samples, metric.samples, better=metric.better,
-                            tolerance=rule_p.tolerance if rule_p else 0.05, confidence=policy.confidence,
-                            resamples=policy.resamples, min_samples=policy.min_samples)
+        if metric.better == "equal":
+            continue  # an equal-series with no numerics rule is recorded, not judged
+        if not all(math.isfinite(x) for x in (*metric.samples, *other.samples)):
+            if rule_p is not None:
+                reasons.append(Reason(Severity.INCONCLUSIVE, f"{key}: a sample is NaN or infinite: cannot compare",
+                                      cell=cand.id, test=metric.test, kind="perf-inconclusive"))
+            continue
+        if rule_p is not None and rule_p.method == "threshold":
+            cmp = stats.threshold(other.samples, metric.samples, better=metric.better, tolerance=rule_p.tolerance)
+        else:
+            cmp = stats.compare(other.samples, metric.samples, better=metric.better,
+                                tolerance=rule_p.tolerance if rule_p else 0.05, confidence=policy.confidence,
+                                resamples=policy.resamples, min_samples=policy.min_samples)
         comparisons.append(MetricComparison(cand.id, base.id, key, metric.unit, cand.device, cmp, rule_p is not None))
         if rule_p is None:
             continue
@@ -208,7 +279,8 @@ def _compare(cand: Cell, base: Cell, cres: CellResult, bres: CellResult,
                                   cell=cand.id, test=metric.test, kind="regression"))
         elif cmp.outcome is stats.Outcome.INCONCLUSIVE:
             few = min(len(metric.samples), len(other.samples)) < policy.min_samples
-            advice = (f"only {min(len(metric.samples), len(other.samples))} samples; need >= {policy.min_samples}"
+            advice = (f"only {min(len(metric.samples), len(other.samples))} samples; need >= {policy.min_samples} "
+                      "(or gate it with method = \"threshold\")"
                       if few else "noise too high to tell; add repeats (more steps/iterations) or a quieter runner")
             reasons.append(Reason(Severity.INCONCLUSIVE, f"{key}: {cmp.describe(metric.unit)}: {advice}",
                                   cell=cand.id, test=metric.test, kind="perf-inconclusive"))

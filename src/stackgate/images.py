@@ -19,13 +19,13 @@ from pathlib import Path
 from packaging.utils import parse_wheel_filename
 
 from stackgate import proc
+from stackgate.bundled import DOCKERFILE_TEMPLATE
 from stackgate.docker_engine import Engine
 from stackgate.errors import InfraError
 from stackgate.model import Stack
 from stackgate.sources import PipConfig, pip_command
 
-ROOT = Path(__file__).resolve().parents[2]
-TEMPLATE = ROOT / "images" / "Dockerfile.template"
+TEMPLATE = DOCKERFILE_TEMPLATE
 LOCAL_BASE = "stackgate/base:bookworm"
 BASE_PACKAGES = ("python3", "python3-venv", "python3-dev", "g++", "libgomp1", "procps")  # torch.compile needs g++ + Python.h
 TARGET_GLIBC = (2, 36)  # Debian bookworm, the local base

@@ -153,11 +153,15 @@ def load_pools(path: Path, local: LocalHost) -> dict[str, RunnerPool]:
             raise doc.error(f"pool name {name!r} must be lower-case letters, digits and '-'", "pool", name)
         tomlfile.check_keys(doc, row, keys, "pool", name)
         nodes = tomlfile.get(doc, row, "nodes", int, "pool", name, default=1)
-        if tomlfile.get(doc, row, "detect", bool, "pool", name, default=False):
+        detect = tomlfile.get(doc, row, "detect", bool, "pool", name, default=False)
+        # the expected network is what the pool declares; a detected pool that declares none expects "any"
+        transport = _parse(doc, Transport, tomlfile.get(doc, row, "transport", str, "pool", name,
+                                                        default="any" if detect else "none"),
+                           "pool", name, "transport")
+        if detect:
             pools[name] = RunnerPool(
                 name=name, driver=local.driver, gpu_class=local.gpu_class, gpu=local.gpu or "cpu",
-                gpus_per_node=local.gpu_count,
-                transport=Transport.SOCKET if local.gpu_count else Transport.NONE,
+                gpus_per_node=local.gpu_count, transport=transport if local.gpu_count else Transport.NONE,
                 nodes=nodes, is_local=True,
             )
             continue
@@ -169,8 +173,7 @@ def load_pools(path: Path, local: LocalHost) -> dict[str, RunnerPool]:
                              "pool", name, "gpu_class"),
             gpu=tomlfile.get(doc, row, "gpu", str, "pool", name, default=""),
             gpus_per_node=tomlfile.get(doc, row, "gpus_per_node", int, "pool", name, default=0),
-            transport=_parse(doc, Transport, tomlfile.get(doc, row, "transport", str, "pool", name, default="none"),
-                             "pool", name, "transport"),
+            transport=transport,
             nodes=nodes,
         )
     return pools

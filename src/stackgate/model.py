@@ -29,6 +29,7 @@ class Transport(str, enum.Enum):
     IB = "ib"
     SOCKET = "socket"
     NONE = "none"
+    ANY = "any"  # no expectation: the suite records what NCCL picked without judging it
 
 
 @dataclass(frozen=True)
@@ -156,6 +157,16 @@ class Cell:
     @property
     def device(self) -> str:
         return "cuda" if self.pool.has_gpu else "cpu"
+
+    @property
+    def collective_world_sizes(self) -> tuple[int, ...]:
+        """Process counts per node for the collective checks: never more than the cell has per node
+        (so never more than the GPUs of a node). One node: 2 (or 1) and the full node; several
+        nodes: the cell's processes per node on every node."""
+        per_node = self.topology.nproc_per_node
+        if self.topology.nodes > 1:
+            return (per_node,)
+        return tuple(sorted({min(2, per_node), per_node}))
 
     @property
     def comparison_key(self) -> tuple[str, str]:

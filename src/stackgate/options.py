@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stackgate import tomlfile
+from stackgate import bundled, tomlfile
 from stackgate.errors import ConfigError
 
 
@@ -57,15 +57,16 @@ def _bool(v: Any) -> bool:
     raise ValueError("must be true or false")
 
 
-def _default_cache() -> str:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+def _default_cache(env: Mapping[str, str]) -> str:
+    base = env.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return str(Path(base) / "stackgate")
 
 
 # name -> (parser, default)
 FIELDS: dict[str, tuple[Callable[[Any], Any], Any]] = {
-    "matrix": (_path, "matrix/upgrade.toml"),
-    "config_dir": (_path, "matrix"),
+    "matrix": (_path, None),  # None: the bundled upgrade.toml; a bare name ("nightly") picks a bundled matrix
+    "config_dir": (_path, None),  # None: the bundled compat/fleet/production/policy data
+    "policy": (_path, None),  # None: the suite's own policy (see suite_policy), else <config_dir>/policy.toml
     "backend": (_choice("auto", "venv", "docker"), "auto"),
     "candidate": (str, None),
     "only": (_list, ()),
@@ -108,15 +109,28 @@ class Options:
                 for k, v in self.values.items()}
 
 
-def resolve(cli: Mapping[str, Any], env: Mapping[str, str], project_file: Path | None = None) -> Options:
+def absolute(path: Path, base: Path) -> Path:
+    """`path` made absolute against `base`, without resolving symbolic links."""
+    return Path(os.path.normpath(base / path.expanduser()))
+
+
+def resolve(cli: Mapping[str, Any], env: Mapping[str, str], project_file: Path | None = None,
+            cwd: Path | None = None) -> Options:
+    """Every path option comes out absolute: relative values on the command line or in the
+    environment are taken against `cwd`, those in stackgate.toml against that file's directory.
+    Nothing downstream (a bind mount, a subprocess cwd) ever sees a relative path."""
+    cwd = cwd or Path.cwd()
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
     for name, (parse, default) in FIELDS.items():
         values[name] = parse(default) if default is not None else None
         sources[name] = "default"
     if values["cache_dir"] is None:
-        values["cache_dir"] = _path(_default_cache())
+        values["cache_dir"] = _path(_default_cache(env))
+    bases: dict[str, Path] = {}
     layers: list[tuple[str, Mapping[str, Any]]] = []
+    if project_file is not None:
+        project_file = absolute(project_file, cwd)
     if project_file is not None and project_file.exists():
         doc = tomlfile.load(project_file)
         run = tomlfile.get(doc, doc.data, "run", dict, default={})
@@ -137,9 +151,30 @@ def resolve(cli: Mapping[str, Any], env: Mapping[str, str], project_file: Path |
                     f"--{name.replace('_', '-')}" if source == "command line" else f"{source} [run] {name}")
                 raise ConfigError(f"{where}={raw!r}: {exc}") from None
             sources[name] = source
+            if project_file is not None and source == str(project_file):
+                bases[name] = project_file.parent
+            else:
+                bases.pop(name, None)
+    values["matrix"] = bundled_matrix(values["matrix"], bases.get("matrix", cwd))
+    for name, (parse, _) in FIELDS.items():
+        if parse is _path and values[name] is not None:
+            values[name] = absolute(values[name], bases.get(name, cwd))
+    if values["config_dir"] is None:
+        values["config_dir"] = bundled.MATRIX_DIR
     if values["history"] is None:
         values["history"] = values["reports"] / "history.sqlite"
     return Options(values, sources)
+
+
+def bundled_matrix(value: Path | None, base: Path) -> Path:
+    """None -> the bundled upgrade.toml; a bare name that is no file here ("nightly") -> the bundled one."""
+    if value is None:
+        return bundled.MATRIX_DIR / "upgrade.toml"
+    if len(value.parts) == 1 and not (base / value).exists():
+        name = value.name if value.suffix == ".toml" else f"{value.name}.toml"
+        if (bundled.MATRIX_DIR / name).is_file():
+            return bundled.MATRIX_DIR / name
+    return value
 
 
 def parse_shard(text: str | None) -> tuple[int, int] | None:

@@ -15,15 +15,17 @@ from packaging.version import Version
 from stackgate import compat as compat_mod
 from stackgate import gate, history, matrix, results, sources
 from stackgate.backends.base import Backend, EnvHandle, PrepareFailed, RunContext
+from stackgate.bundled import BUNDLED_SUITE
+from stackgate.console import Console
 from stackgate.docker_engine import DockerEngine
 from stackgate.errors import ConfigError, ExitCode, InfraError
-from stackgate.model import Cell, CellResult, Role, RunnerPool, Status, WheelSource
+from stackgate.model import Cell, CellResult, Decision, Role, RunnerPool, Severity, Status, Verdict, WheelSource
 from stackgate.options import Options, parse_shard
 from stackgate.plan import plan_envs, run_order
-from stackgate.policy import Policy, load_policy
+from stackgate.policy import Policy, load_for_suite
 from stackgate.report import html_report, json_report, junit, markdown
 from stackgate.report.data import RunReport, counts, now, stack_diffs
-from stackgate.suite import BUNDLED_SUITE, SuiteSpec
+from stackgate.suite import PLATFORM_CHECKS, SuiteSpec
 from stackgate.versions import parse_torch
 
 Printer = Callable[[str], None]
@@ -47,7 +49,11 @@ def load(opts: Options, env: Mapping[str, str], local: matrix.LocalHost) -> Load
     spec = matrix.load_matrix(opts.matrix)
     production = matrix.load_production(cfg / "production.toml")
     pools = matrix.load_pools(cfg / "fleet.toml", local)
-    policy = load_policy(cfg / "policy.toml")
+    suite_path = opts.suite or BUNDLED_SUITE
+    if not suite_path.exists():
+        raise ConfigError(f"suite path {suite_path} does not exist", hint="--suite PATH to your pytest suite")
+    policy = load_for_suite(suite=suite_path, bundled_suite=BUNDLED_SUITE, config_dir=cfg, explicit=opts.policy,
+                            platform_checks=opts.platform_checks, platform_files=PLATFORM_CHECKS)
     source = spec.source
     if opts.index_url or opts.find_links or opts.extra_index_url:
         source = replace(source, index_url=opts.index_url or source.index_url,
@@ -128,7 +134,9 @@ class Progress:
             self.say(f"  [{self.cell} {int(elapsed) // 60:02d}:{int(elapsed) % 60:02d}] {m.group(1)} {m.group(2)}")
 
 
-def run(opts: Options, env: Mapping[str, str], say: Printer = print) -> int:
+def run(opts: Options, env: Mapping[str, str], say: Printer | None = None) -> int:
+    console = Console(say)
+    say = console.say
     local = matrix.detect_local()
     loaded = load(opts, env, local)
     expansion = matrix.expand(loaded.spec, loaded.pools, loaded.production, loaded.table,
@@ -164,13 +172,12 @@ def run(opts: Options, env: Mapping[str, str], say: Printer = print) -> int:
     suite = SuiteSpec(path=(opts.suite or BUNDLED_SUITE).resolve(), pytest_args=tuple(opts.pytest_args),
                       profile=opts.profile, timeout_s=opts.timeout, platform_checks=opts.platform_checks,
                       env=parse_suite_env(opts.suite_env))
-    if not suite.path.exists():
-        raise ConfigError(f"suite path {suite.path} does not exist", hint="--suite PATH to your pytest suite")
+    say(f"suite {suite.path}; policy: {loaded.policy.origin}")
     progress = Progress(say)
     ctx = RunContext(run_id=run_id, run_dir=run_dir, suite=suite, on_line=progress.line)
     interrupted = False
     try:
-        _run_cells(backend, chosen.cells, ctx, done, opts, progress, say)
+        _run_cells(backend, chosen.cells, ctx, done, opts, progress, console)
     except KeyboardInterrupt:
         interrupted = True
         say("interrupted: writing the report from the cells that finished")
@@ -194,12 +201,29 @@ def run(opts: Options, env: Mapping[str, str], say: Printer = print) -> int:
     report = replace(report, trends=history.trends(opts.history, channel=loaded.spec.channel, matrix=loaded.spec.name))
     write_reports(report, run_dir, code, env.get("GITHUB_STEP_SUMMARY"))
     say(f"\n{outcome.verdict.decision.value} (gating verdict {report.gating_verdict}, exit {code})")
-    for reason in outcome.verdict.blocking[:10]:
-        say(f"  - {reason.cell} {reason.test}: {reason.message[:300]}")
+    for line in why_lines(outcome.verdict):
+        say(line)
     say(f"reports: {run_dir}/report.md report.json junit.xml report.html")
     if interrupted:
         raise KeyboardInterrupt
     return code
+
+
+def why_lines(verdict: Verdict, limit: int = 10) -> list[str]:
+    """The reasons that decided the verdict (blocking for NO-GO, inconclusive for INCONCLUSIVE):
+    the first `limit`, and how many more the report has."""
+    severity = {Decision.NO_GO: Severity.BLOCKING, Decision.INCONCLUSIVE: Severity.INCONCLUSIVE}.get(verdict.decision)
+    if severity is None:
+        return []
+    deciding = [r for r in verdict.reasons if r.severity is severity]
+    lines = [f"why ({len(deciding)} {severity.value} reason(s)):"]
+    for reason in deciding[:limit]:
+        where = " ".join(x for x in (reason.cell, reason.test) if x)
+        lines.append(f"  - [{reason.kind}] {where}: {reason.message[:300]}" if where
+                     else f"  - [{reason.kind}] {reason.message[:300]}")
+    if len(deciding) > limit:
+        lines.append(f"  ... and {len(deciding) - limit} more in report.md")
+    return lines
 
 
 def parse_suite_env(items: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
@@ -231,7 +255,8 @@ def write_reports(report: RunReport, run_dir: Path, code: int, step_summary: str
 
 
 def _run_cells(backend: Backend, cells: tuple[Cell, ...], ctx: RunContext, done: Mapping[str, CellResult],
-               opts: Options, progress: Progress, say: Printer) -> None:
+               opts: Options, progress: Progress, console: Console) -> None:
+    say = console.say
     handles: dict[str, EnvHandle | PrepareFailed] = {}
     plans = {p.stack.content_hash: p for p in plan_envs(cells)}
     log_dir = ctx.run_dir / "build"
@@ -243,7 +268,8 @@ def _run_cells(backend: Backend, cells: tuple[Cell, ...], ctx: RunContext, done:
             plan = plans[key]
             say(f"prepare {backend.name} env for {plan.stack.label} ({len(plan.cells)} cell(s))")
             try:
-                handle = backend.prepare(plan.stack, log_dir / f"{plan.stack.label}.log")
+                with console.step(f"prepare {plan.stack.label}"):
+                    handle = backend.prepare(plan.stack, log_dir / f"{plan.stack.label}.log")
                 say(f"  {'reused' if handle.reused else 'built'} {handle.ref} in {handle.prepare_s:.1f}s")
                 handles[key] = handle
             except PrepareFailed as exc:
@@ -256,7 +282,9 @@ def _run_cells(backend: Backend, cells: tuple[Cell, ...], ctx: RunContext, done:
         if cell.id in done and done[cell.id].status is not Status.INFRA_ERROR:
             say(f"skip {cell.id}: finished in the resumed run ({done[cell.id].status.value})")
             continue
-        result = _run_one(backend, cell, handle_for(cell), ctx, progress, say, "main")
+        handle = handle_for(cell)
+        with console.step(f"run {cell.id}"):
+            result = _run_one(backend, cell, handle, ctx, progress, say, "main")
         results.append(ctx.run_dir, result)
     finished = results.read(ctx.run_dir)
     if not opts.rollback:
@@ -272,7 +300,9 @@ def _run_cells(backend: Backend, cells: tuple[Cell, ...], ctx: RunContext, done:
         handle = handle_for(cell)
         if isinstance(handle, PrepareFailed):
             continue
-        results.append(ctx.run_dir, _run_one(backend, cell, handle, ctx, progress, say, "rollback"))
+        with console.step(f"run {cell.result_id('rollback')}"):
+            result = _run_one(backend, cell, handle, ctx, progress, say, "rollback")
+        results.append(ctx.run_dir, result)
 
 
 def _run_one(backend: Backend, cell: Cell, handle: EnvHandle | PrepareFailed, ctx: RunContext, progress: Progress,

@@ -1,22 +1,34 @@
-"""matrix/policy.toml: required cells and tests, performance tolerances, numerics, waivers."""
+"""Gate policy: required cells and tests, performance tolerances, numerics, waivers.
+
+A policy belongs to the suite it was written for: the bundled suite's is `<config-dir>/policy.toml`;
+a user's suite uses `stackgate-policy.toml` beside it, or by default "every collected test must pass
+in every required cell" (plus the platform checks' own required tests when those run).
+"""
 
 from __future__ import annotations
 
 import datetime as dt
 import fnmatch
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from stackgate import tomlfile
 
+SUITE_POLICY = "stackgate-policy.toml"
+METHODS = ("bootstrap", "threshold")
+
 
 @dataclass(frozen=True)
 class MetricRule:
+    """`bootstrap`: the confidence interval of the ratio of medians must clear the tolerance (needs
+    samples); `threshold`: a single value (peak memory) may be at most `tolerance` worse."""
+
     name: str
     tolerance: float
     devices: tuple[str, ...]
     tags: tuple[tuple[str, str], ...]
+    method: str = "bootstrap"
 
     def applies(self, metric_name: str, tags: dict[str, str], device: str) -> bool:
         if not fnmatch.fnmatchcase(metric_name, self.name):
@@ -54,6 +66,9 @@ class Policy:
     required_cells: tuple[str, ...] = ()
     required_tests: tuple[str, ...] = ()
     candidate_tests: tuple[str, ...] = ()
+    all_tests_required: bool = False  # every test the production cell ran must pass in the candidate too
+    required_metrics: tuple[str, ...] = ()  # globs: metrics every required cell must record
+    origin: str = ""  # where this policy came from, for the report
     confidence: float = 0.95
     resamples: int = 2000
     min_samples: int = 3
@@ -75,18 +90,23 @@ def load_policy(path: Path) -> Policy:
     gate = tomlfile.get(doc, d, "gate", dict, default={})
     tomlfile.check_keys(doc, gate, ["inconclusive_exit_code"], "gate")
     req = tomlfile.get(doc, d, "required", dict, default={})
-    tomlfile.check_keys(doc, req, ["cells", "tests", "candidate_tests"], "required")
+    tomlfile.check_keys(doc, req, ["cells", "tests", "candidate_tests", "all_tests", "metrics"], "required")
     perf = tomlfile.get(doc, d, "performance", dict, default={})
     tomlfile.check_keys(doc, perf, ["confidence", "resamples", "min_samples", "metric"], "performance")
     rules = []
     for row in tomlfile.get(doc, perf, "metric", list, "performance", default=[]):
-        tomlfile.check_keys(doc, row, ["name", "tolerance", "devices", "tags"], "performance", "metric")
+        tomlfile.check_keys(doc, row, ["name", "tolerance", "devices", "tags", "method"], "performance", "metric")
         tags = tomlfile.get(doc, row, "tags", dict, "performance", "metric", default={})
+        method = tomlfile.get(doc, row, "method", str, "performance", "metric", default="bootstrap")
+        if method not in METHODS:
+            raise doc.error(f"unknown method {method!r}", "performance", "metric", "method",
+                            hint="use 'bootstrap' (many samples) or 'threshold' (one value)")
         rules.append(MetricRule(
             name=tomlfile.get(doc, row, "name", str, "performance", "metric"),
-            tolerance=float(tomlfile.get(doc, row, "tolerance", (float, int), "performance", "metric")),
+            tolerance=_in_range(doc, row, "tolerance", 0.0, None, "performance", "metric"),
             devices=tomlfile.str_list(doc, row, "devices", "performance", "metric", default=[]),
             tags=tuple(sorted((str(k), str(v)) for k, v in tags.items())),
+            method=method,
         ))
     num = tomlfile.get(doc, d, "numerics", dict, default={})
     tomlfile.check_keys(doc, num, ["metric"], "numerics")
@@ -95,9 +115,9 @@ def load_policy(path: Path) -> Policy:
         tomlfile.check_keys(doc, row, ["name", "rtol", "atol", "steps"], "numerics", "metric")
         numerics.append(NumericsRule(
             name=tomlfile.get(doc, row, "name", str, "numerics", "metric"),
-            rtol=float(tomlfile.get(doc, row, "rtol", (float, int), "numerics", "metric", default=0.0)),
-            atol=float(tomlfile.get(doc, row, "atol", (float, int), "numerics", "metric", default=0.0)),
-            steps=int(tomlfile.get(doc, row, "steps", int, "numerics", "metric", default=0)),
+            rtol=_in_range(doc, row, "rtol", 0.0, None, "numerics", "metric", default=0.0),
+            atol=_in_range(doc, row, "atol", 0.0, None, "numerics", "metric", default=0.0),
+            steps=int(_in_range(doc, row, "steps", 0, None, "numerics", "metric", default=0, kind=int)),
         ))
     waivers = []
     for index, row in enumerate(tomlfile.get(doc, d, "waiver", list, default=[])):
@@ -118,19 +138,55 @@ def load_policy(path: Path) -> Policy:
             expires=expires,
             line=_nth(doc, "[[waiver]]", index),
         ))
+    confidence = _in_range(doc, perf, "confidence", 0.5, 0.9999, "performance", default=0.95)
+    exit_code = int(_in_range(doc, gate, "inconclusive_exit_code", 0, 1, "gate", default=1, kind=int))
     return Policy(
         path=path,
-        inconclusive_exit_code=tomlfile.get(doc, gate, "inconclusive_exit_code", int, "gate", default=1),
+        inconclusive_exit_code=exit_code,
         required_cells=tomlfile.str_list(doc, req, "cells", "required", default=[]),
         required_tests=tomlfile.str_list(doc, req, "tests", "required", default=[]),
         candidate_tests=tomlfile.str_list(doc, req, "candidate_tests", "required", default=[]),
-        confidence=float(tomlfile.get(doc, perf, "confidence", (float, int), "performance", default=0.95)),
-        resamples=tomlfile.get(doc, perf, "resamples", int, "performance", default=2000),
-        min_samples=tomlfile.get(doc, perf, "min_samples", int, "performance", default=3),
+        all_tests_required=tomlfile.get(doc, req, "all_tests", bool, "required", default=False),
+        required_metrics=tomlfile.str_list(doc, req, "metrics", "required", default=[]),
+        origin=str(path),
+        confidence=confidence,
+        resamples=int(_in_range(doc, perf, "resamples", 200, 1_000_000, "performance", default=2000, kind=int)),
+        min_samples=int(_in_range(doc, perf, "min_samples", 1, None, "performance", default=3, kind=int)),
         performance=tuple(rules),
         numerics=tuple(numerics),
         waivers=tuple(waivers),
     )
+
+
+def _in_range(doc: tomlfile.Doc, table: dict[str, Any], key: str, low: float, high: float | None, *where: str,
+              default: Any = ..., kind: type = float) -> float:
+    """A number within [low, high], or a ConfigError with file:line that says the range."""
+    kinds: tuple[type, ...] = (int,) if kind is int else (float, int)
+    value = tomlfile.get(doc, table, key, kinds, *where, default=default)
+    if value < low or (high is not None and value > high):
+        bound = f"between {low:g} and {high:g}" if high is not None else f">= {low:g}"
+        raise doc.error(f"'{key}' = {value!r} is out of range: must be {bound}", *where, key)
+    return float(value)
+
+
+def load_for_suite(*, suite: Path, bundled_suite: Path, config_dir: Path, explicit: Path | None,
+                   platform_checks: bool, platform_files: tuple[str, ...]) -> Policy:
+    """The policy that belongs to the suite being run (see the module docstring)."""
+    if explicit is not None:
+        return load_policy(explicit)
+    bundled_policy = load_policy(config_dir / "policy.toml")
+    if suite.resolve() == bundled_suite.resolve():
+        return bundled_policy
+    own = (suite if suite.is_dir() else suite.parent) / SUITE_POLICY
+    if own.is_file():
+        return load_policy(own)
+    platform = tuple(t for t in bundled_policy.required_tests if t.split("::")[0] in platform_files)
+    return replace(bundled_policy, required_tests=platform if platform_checks else (), candidate_tests=(),
+                   required_metrics=(),
+                   all_tests_required=True,
+                   origin=f"default for a user suite (no {own} found): every test collected in production must "
+                          f"pass in each required candidate cell" + ("; plus the platform checks' required tests"
+                                                                      if platform_checks else ""))
 
 
 def _nth(doc: tomlfile.Doc, header: str, index: int) -> int | None:

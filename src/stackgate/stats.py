@@ -9,6 +9,7 @@ within it; otherwise the noise is too high to tell.
 from __future__ import annotations
 
 import enum
+import math
 import random
 import statistics
 from collections.abc import Sequence
@@ -33,9 +34,13 @@ class Comparison:
     outcome: Outcome
     base_mad: float
     cand_mad: float
+    method: str = "bootstrap"  # bootstrap | threshold
 
     def describe(self, unit: str = "") -> str:
         u = f" {unit}" if unit else ""
+        if self.method == "threshold":
+            return (f"{self.base_median:.4g}{u} -> {self.cand_median:.4g}{u} ({self.change:+.1%} worse-is-positive; "
+                    f"single value, at most {self.tolerance:.0%} worse allowed)")
         return (f"{self.base_median:.4g}{u} -> {self.cand_median:.4g}{u} ({self.change:+.1%} worse-is-positive, "
                 f"CI [{self.low:+.1%}, {self.high:+.1%}], tolerance {self.tolerance:.0%})")
 
@@ -79,6 +84,22 @@ def compare(base: Sequence[float], cand: Sequence[float], *, better: str, tolera
     return Comparison(bm, cm, point, low, high, tolerance, outcome, mad(base), mad(cand))
 
 
+def threshold(base: Sequence[float], cand: Sequence[float], *, better: str, tolerance: float) -> Comparison:
+    """A single-valued metric (peak memory): the candidate's value may be at most `tolerance` worse
+    than production's. With several samples the medians are compared the same way."""
+    if not base or not cand:
+        raise ValueError("both sample sets must be non-empty")
+    bm, cm = statistics.median(base), statistics.median(cand)
+    change = _change(bm, cm, better)
+    if not math.isfinite(bm) or not math.isfinite(cm) or math.isnan(change):
+        outcome = Outcome.INCONCLUSIVE
+    elif change > tolerance:
+        outcome = Outcome.REGRESSION
+    else:
+        outcome = Outcome.IMPROVEMENT if change < -tolerance else Outcome.OK
+    return Comparison(bm, cm, change, change, change, tolerance, outcome, 0.0, 0.0, method="threshold")
+
+
 @dataclass(frozen=True)
 class Parity:
     bitwise: bool
@@ -87,18 +108,33 @@ class Parity:
     worst_abs: float
     worst_rel: float
     compared: int
+    expected: int = 0  # steps that should have been compared (production's length, capped by `steps`)
+    problem: str = ""  # why not within, when it is not a plain difference (short trajectory, NaN/inf)
 
 
 def parity(base: Sequence[float], cand: Sequence[float], *, rtol: float, atol: float, steps: int | None = None) -> Parity:
-    """Elementwise trajectory comparison (losses, grad norms) over the first `steps` values."""
-    n = min(len(base), len(cand), steps or max(len(base), len(cand)))
-    worst_i, worst_abs, worst_rel, within = -1, 0.0, 0.0, len(base) >= n and len(cand) >= n > 0
+    """Elementwise trajectory comparison (losses, grad norms) over the first `steps` values of
+    production's trajectory. A candidate trajectory shorter than that, or any NaN/inf on either side,
+    is never within tolerance (and never bitwise identical)."""
+    expected = min(len(base), steps) if steps else len(base)
+    n = min(expected, len(cand))
+    worst_i, worst_abs, worst_rel, within = -1, 0.0, 0.0, n > 0
+    problem = ""
+    if len(cand) < expected:
+        within, problem = False, f"candidate trajectory has {len(cand)} of {expected} steps"
+    elif expected == 0:
+        problem = "production recorded an empty trajectory"
     for i in range(n):
+        if not (math.isfinite(base[i]) and math.isfinite(cand[i])):
+            within = False
+            problem = problem or f"step {i} is not finite (production {base[i]}, candidate {cand[i]})"
+            worst_i, worst_abs, worst_rel = i, float("inf"), float("inf")
+            continue
         diff = abs(cand[i] - base[i])
         rel = diff / abs(base[i]) if base[i] else (0.0 if diff == 0 else float("inf"))
         if diff > worst_abs:
             worst_i, worst_abs, worst_rel = i, diff, rel
         if diff > atol + rtol * abs(base[i]):
             within = False
-    bitwise = n > 0 and list(base[:n]) == list(cand[:n])
-    return Parity(bitwise, within, worst_i, worst_abs, worst_rel, n)
+    bitwise = within and n == expected and list(base[:n]) == list(cand[:n])
+    return Parity(bitwise, within, worst_i, worst_abs, worst_rel, n, expected, problem)

@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from stackgate.bundled import BUNDLED_SUITE
 from stackgate.model import Cell, CellResult, Metric, Status, TestOutcome
 from stackgate.proc import ProcResult
 
-BUNDLED_SUITE = Path(__file__).resolve().parents[2] / "integration_tests"
 _OOM = re.compile(r"(OOMKilled|^Killed$|OutOfMemoryError|CUDA out of memory|std::bad_alloc|MemoryError)")
 
 
@@ -55,6 +55,7 @@ def suite_env(cell: Cell, *, results: Path, artifacts: Path, shared: Path, profi
         "STACKGATE_SHARED_DIR": str(shared),
         "STACKGATE_NNODES": str(cell.topology.nodes),
         "STACKGATE_NPROC_PER_NODE": str(cell.topology.nproc_per_node),
+        "STACKGATE_WORLD_SIZES": ",".join(str(n) for n in cell.collective_world_sizes),
         "STACKGATE_NODE_RANK": str(node_rank),
         "STACKGATE_RDZV_ENDPOINT": endpoint,
         "PYTHONUNBUFFERED": "1",
@@ -156,8 +157,13 @@ def parse_records(paths: list[Path]) -> Records:
     return out
 
 
-def classify(procs: list[ProcResult], tests: tuple[TestOutcome, ...]) -> tuple[Status, str]:
+NO_ROLLBACK_TESTS = "the suite has no cross-version tests (-m crossversion): nothing to roll back"
+
+
+def classify(procs: list[ProcResult], tests: tuple[TestOutcome, ...], phase: str = "main") -> tuple[Status, str]:
     """Status of a suite run from its processes' exit codes and the JUnit outcomes."""
+    if phase == "rollback" and procs and {p.returncode for p in procs} == {5} and not any(p.timed_out for p in procs):
+        return Status.SKIPPED, NO_ROLLBACK_TESTS  # pytest's "no tests collected" under -m crossversion
     if any(p.timed_out for p in procs):
         return Status.TIMEOUT, "the suite exceeded the cell timeout"
     tails = "\n".join(p.tail for p in procs)
@@ -189,7 +195,7 @@ def build_result(cell: Cell, procs: list[ProcResult], workdir: Path, duration_s:
                  phase: str = "main", extra_env: Mapping[str, Any] | None = None) -> CellResult:
     tests = parse_junit(sorted(workdir.glob("junit-node*.xml")))
     records = parse_records(sorted(workdir.glob("results-node*.jsonl")))
-    status, reason = classify(procs, tests)
+    status, reason = classify(procs, tests, phase)
     environment = {**records.environment, **(extra_env or {})}
     if records.problems:
         environment["record_problems"] = records.problems

@@ -56,12 +56,35 @@ def test_waiver_dates_and_lines(tmp_path: Path) -> None:
 def test_options_cascade_records_sources(tmp_path: Path) -> None:
     project = _write(tmp_path, "[run]\nprofile = 'quick'\ntimeout = 100\nreports = 'r1'\n", "stackgate.toml")
     env = {"STACKGATE_TIMEOUT": "200", "STACKGATE_REPORTS": "r2", "UNRELATED": "x"}
-    opts = options.resolve({"reports": "r3", "only": []}, env, project)
+    work = tmp_path / "work"
+    opts = options.resolve({"reports": "r3", "only": []}, env, project, cwd=work)
     assert opts.profile == "quick" and opts.sources["profile"] == str(project)
     assert opts.timeout == 200.0 and opts.sources["timeout"] == "environment"
-    assert opts.reports == Path("r3") and opts.sources["reports"] == "command line"
-    assert opts.history == Path("r3") / "history.sqlite"
+    assert opts.reports == work / "r3" and opts.sources["reports"] == "command line"
+    assert opts.history == work / "r3" / "history.sqlite"
     assert opts.describe()["timeout"] == {"value": 200.0, "from": "environment"}
+
+
+def test_every_path_option_comes_out_absolute(tmp_path: Path) -> None:
+    """Relative paths are taken against the working directory (command line, environment) or the
+    directory of stackgate.toml, so no bind mount or subprocess ever sees a relative path."""
+    (tmp_path / "proj").mkdir()
+    project = _write(tmp_path / "proj", "[run]\ncache-dir = 'cache'\nsuite = 'tests/trainers'\n", "stackgate.toml")
+    work = tmp_path / "elsewhere"
+    opts = options.resolve({"reports": "out/../reports", "history": "h.sqlite"}, {"STACKGATE_CONFIG_DIR": "cfg"},
+                           project, cwd=work)
+    assert opts.reports == work / "reports"
+    assert opts.history == work / "h.sqlite"
+    assert opts.config_dir == work / "cfg"
+    assert opts.cache_dir == tmp_path / "proj" / "cache"
+    assert opts.suite == tmp_path / "proj" / "tests" / "trainers"
+    for name, value in opts.values.items():
+        if isinstance(value, Path):
+            assert value.is_absolute(), name
+    defaults = options.resolve({}, {}, None, cwd=work)
+    assert defaults.reports == work / "reports" and defaults.matrix.name == "upgrade.toml"
+    assert defaults.matrix.is_file() and (defaults.config_dir / "policy.toml").is_file()  # shipped in the package
+    assert options.resolve({"matrix": "nightly"}, {}, None, cwd=work).matrix.name == "nightly.toml"
 
 
 def test_options_bad_values(tmp_path: Path) -> None:

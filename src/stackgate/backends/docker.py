@@ -49,6 +49,7 @@ class DockerBackend:
                                      and base.startswith("stackgate/base:"), mirror=self.mirror, say=self.say,
                                      work_dir=log_path.parent)
         reqs = requirements(self.compat, stack, self.suite_requirements)
+        self.say(f"  resolving wheels for {' '.join(reqs)} into the host wheelhouse")
         house = images.wheelhouse(self.cache_dir, reqs, installer_args(stack.source, self.host_pip), stack.python,
                                   self.ca_bundle, self.env, log_path)
         template = images.TEMPLATE.read_text()
@@ -59,10 +60,13 @@ class DockerBackend:
             dockerfile = images.render(template, base=base, requirements=reqs,
                                        label_map=images.labels(stack, house, base, base_id, key))
             ctx = images.build_context(dockerfile, house, self.suite_dir)
+            self.say(f"  building image {tag} (log: {log_path})")
             try:
                 with log_path.open("a") as log:
                     def on_line(line: str) -> None:
                         log.write(line + "\n")
+                        if line.startswith("Step "):  # each build step as it happens
+                            self.say(f"    {line[:160]}")
                     self.engine.build(ctx, tag, on_line)
             except BuildError as exc:
                 raise PrepareFailed(str(exc), exc.log_tail) from None
