@@ -1,21 +1,23 @@
-"""`stackgate selftest`: inject known faults into a recorded candidate run and check that the real
-gate, with the real policy, says NO-GO for the right reason while the clean run says GO.
+"""`stackgate selftest`: inject known faults into a recorded run and check that the real gate, with
+the real policy, says NO-GO for the right reason while the clean run says GO.
 
-The recorded run is synthetic but shaped exactly like a suite run on a GPU pool: per-step times with
-a low noise level, loss trajectories, the cross-version and transport tests.
+The recorded run is real: the production and candidate results of the bundled suite on a CPU
+runner (`resources/selftest/recorded-cpu.jsonl`, refreshed by `scripts/refresh-selftest-data.py`),
+with the test and metric names the suite really writes. The clean cases are built from it for a CPU
+pool and for a GPU pool (same names, gated by the cuda rules): the candidate gets production's
+values, so every gated metric must be decidable on each device, or the clean case is not GO.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import json
-import random
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from stackgate import gate
+from stackgate import bundled, gate
 from stackgate.model import (
     Cell,
     CellResult,
@@ -32,49 +34,60 @@ from stackgate.model import (
 from stackgate.policy import Policy, load_policy
 from stackgate.versions import CudaVariant, parse_driver, parse_torch
 
-ROOT = Path(__file__).resolve().parents[2]
+RECORDING = ("selftest", "recorded-cpu.jsonl")
 NCCL_SOCKET_LOG = """NCCL INFO NCCL version 2.30.7+cuda13.0
 NCCL INFO NET/Plugin: Could not find: libnccl-net.so. Using internal network plugin.
 NCCL INFO NET/Socket : Using [0]eth0:10.0.0.2<0>
 NCCL INFO Using network Socket
 """
 
-TESTS = (
-    "test_identity.py::test_torch_version", "test_identity.py::test_cuda_build_matches_cell",
-    "test_collectives.py::test_collective_correctness[2]", "test_collectives.py::test_collective_correctness[4]",
-    "test_recsys.py::test_recsys_ddp_sharded_embeddings", "test_vit_fsdp.py::test_vit_fsdp2_mixed_precision_dcp_resume",
-    "test_compile.py::test_compile_matches_eager_and_captures_a_graph",
-    "test_crossversion.py::test_load_torch_save_weights_only", "test_crossversion.py::test_load_dcp_model_and_optimizer",
-    "test_crossversion.py::test_load_exported_program", "test_transport.py::test_nccl_transport_matches_pool",
-)
+
+@dataclass(frozen=True)
+class Recorded:
+    production: Cell
+    candidate: Cell
+    results: dict[str, CellResult]
+
+    @property
+    def candidate_result(self) -> CellResult:
+        return self.results[self.candidate.id]
+
+    def with_candidate(self, result: CellResult) -> dict[str, CellResult]:
+        return {**self.results, self.candidate.id: result}
 
 
-def recorded_cells() -> tuple[Cell, Cell]:
-    pool = RunnerPool("local", parse_driver("580.65.06"), GpuClass.DATACENTER, gpu="H100", gpus_per_node=8, transport=Transport.EFA, nodes=1, is_local=True)
-    topo = Topology(1, 8)
-    prod = Cell(Stack(parse_torch("2.13.0"), CudaVariant("cu126"), "3.11", channel="production"), pool, topo,
-                Role.PRODUCTION, required=True)
-    cand = Cell(Stack(parse_torch("2.14.1"), CudaVariant("cu130"), "3.11"), pool, topo, Role.CANDIDATE, required=True)
-    return prod, cand
+def _pool(device: str, nproc: int) -> RunnerPool:
+    if device == "cuda":
+        return RunnerPool("local", parse_driver("580.65.06"), GpuClass.DATACENTER, gpu="H100", gpus_per_node=nproc,
+                          transport=Transport.EFA, is_local=True)
+    return RunnerPool("local", None, GpuClass.NONE, gpu="cpu", is_local=True)
 
 
-def _samples(rng: random.Random, centre: float, noise: float, n: int = 30) -> tuple[float, ...]:
-    return tuple(centre * (1 + rng.gauss(0, noise)) for _ in range(n))
+def _cell(result: CellResult, pool: RunnerPool) -> Cell:
+    stack = result.cell["stack"]
+    nodes, nproc = (int(x) for x in str(result.cell["topology"]).split("x"))
+    return Cell(Stack(parse_torch(stack["torch"]), CudaVariant.parse(stack["cuda"]), stack["python"]), pool,
+                Topology(nodes, nproc), result.role, required=True)
 
 
-def recorded_result(cell: Cell, *, seed: int, step_ms: float = 100.0, noise: float = 0.01) -> CellResult:
-    rng = random.Random(seed)
-    losses = tuple(2.5 * 0.93 ** i for i in range(20))
-    metrics = (
-        Metric("recsys.step_time", "ms", _samples(rng, step_ms, noise), "recsys"),
-        Metric("vit.step_time", "ms", _samples(rng, step_ms * 2, noise), "vit_fsdp"),
-        Metric("recsys.loss", "", losses, "recsys", better="equal"),
-        Metric("vit.loss", "", tuple(x * 1.1 for x in losses), "vit_fsdp", better="equal"),
-    )
-    tests = tuple(TestOutcome(t, "passed", 1.0) for t in TESTS
-                  if cell.role is Role.CANDIDATE or not t.startswith("test_crossversion.py::test_load"))
-    return CellResult(cell.id, cell.role, Status.PASSED, tests=tests, metrics=metrics, cell=cell.to_json(),
-                      environment={"torch": str(cell.stack.torch)})
+def recorded(device: str = "cpu") -> Recorded:
+    """The clean pair on a `device` pool: the candidate's tests, production's metric values."""
+    text = bundled.resource(*RECORDING).read_text()
+    rows = [CellResult.from_json(json.loads(line)) for line in text.splitlines() if line.strip()]
+    main = [r for r in rows if r.cell.get("phase", "main") == "main"]
+    prod_r = next(r for r in main if r.role is Role.PRODUCTION)
+    cand_r = next(r for r in main if r.role is Role.CANDIDATE)
+    nproc = int(str(cand_r.cell["topology"]).split("x")[1])
+    pool = _pool(device, nproc)
+    prod, cand = _cell(prod_r, pool), _cell(cand_r, pool)
+    base = {m.key: m for m in prod_r.metrics}
+    cand_metrics = tuple(replace(base[m.key], test=m.test) if m.key in base else m for m in cand_r.metrics)
+    results = {prod.id: replace(prod_r, cell_id=prod.id, cell=prod.to_json()),
+               cand.id: replace(cand_r, cell_id=cand.id, metrics=cand_metrics, cell=cand.to_json())}
+    for r in rows:
+        if r.cell.get("phase") == "rollback":
+            results[prod.result_id("rollback")] = replace(r, cell_id=prod.result_id("rollback"))
+    return Recorded(prod, cand, results)
 
 
 def _with_metric(result: CellResult, name: str, change: Callable[[Metric], Metric]) -> CellResult:
@@ -87,7 +100,12 @@ def _fail_test(result: CellResult, name: str, message: str) -> CellResult:
                                for t in result.tests))
 
 
+def _scale(name: str, factor: float) -> Callable[[CellResult], CellResult]:
+    return lambda r: _with_metric(r, name, lambda m: replace(m, samples=tuple(s * factor for s in m.samples)))
+
+
 def _transport_fallback(result: CellResult) -> CellResult:
+    sys.path.insert(0, str(bundled.BUNDLED_SUITE))
     import nccl_log  # type: ignore[import-not-found]  # the suite's own parser, applied to a captured NCCL log
     ok, why = nccl_log.parse(NCCL_SOCKET_LOG).matches("efa")
     if ok:
@@ -95,56 +113,66 @@ def _transport_fallback(result: CellResult) -> CellResult:
     return _fail_test(result, "test_transport.py::test_nccl_transport_matches_pool", f"AssertionError: {why}")
 
 
+def _drift(name: str) -> Callable[[CellResult], CellResult]:
+    return lambda r: _with_metric(r, name, lambda m: replace(
+        m, samples=tuple(s * (1 + 0.02 * i) for i, s in enumerate(m.samples))))
+
+
 @dataclass(frozen=True)
 class Case:
     name: str
+    device: str
     inject: Callable[[CellResult], CellResult]
     expect: str  # decision
-    kind: str  # the reason kind that must be among the blocking reasons ("" for GO)
+    kind: str  # the reason kind that must be among the deciding reasons ("" for GO)
 
 
 CASES = (
-    Case("clean run", lambda r: r, "GO", ""),
-    Case("10% slowdown", lambda r: _with_metric(r, "recsys.step_time",
-                                                 lambda m: replace(m, samples=tuple(s * 1.10 for s in m.samples))),
-         "NO-GO", "regression"),
-    Case("numerics drift", lambda r: _with_metric(r, "vit.loss", lambda m: replace(
-        m, samples=tuple(s * (1 + 0.02 * i) for i, s in enumerate(m.samples)))), "NO-GO", "numerics"),
-    Case("checkpoint will not load", lambda r: _fail_test(
+    Case("clean run (CPU pool)", "cpu", lambda r: r, "GO", ""),
+    Case("clean run (GPU pool)", "cuda", lambda r: r, "GO", ""),
+    Case("10% slowdown", "cuda", _scale("recsys.step_time", 1.10), "NO-GO", "regression"),
+    Case("60% slowdown on a CPU runner", "cpu", _scale("vit.step_time", 1.60), "NO-GO", "regression"),
+    Case("20% more peak memory", "cuda", _scale("vit.peak_memory", 1.20), "NO-GO", "regression"),
+    Case("numerics drift", "cuda", _drift("vit.loss"), "NO-GO", "numerics"),
+    Case("checkpoint will not load", "cuda", lambda r: _fail_test(
         r, "test_crossversion.py::test_load_dcp_model_and_optimizer",
         "RuntimeError: Error(s) in loading state_dict: unexpected key 'optim.state.0.exp_avg'"), "NO-GO", "failed-test"),
-    Case("transport fallback to sockets", _transport_fallback, "NO-GO", "failed-test"),
-    Case("failing required test", lambda r: _fail_test(
-        r, "test_collectives.py::test_collective_correctness[4]", "AssertionError: wrong elements: 17"),
+    Case("transport fallback to sockets", "cuda", _transport_fallback, "NO-GO", "failed-test"),
+    Case("failing required test", "cuda", lambda r: _fail_test(
+        r, "test_identity.py::test_cuda_build_matches_cell", "AssertionError: torch is a CPU build"),
         "NO-GO", "failed-test"),
+    Case("candidate stopped recording a metric", "cuda",
+         lambda r: replace(r, metrics=tuple(m for m in r.metrics if m.name != "vit.step_time")),
+         "INCONCLUSIVE", "missing-metric"),
 )
 
 
 def run_case(case: Case, policy: Policy, today: dt.date) -> tuple[bool, gate.GateOutcome]:
-    prod, cand = recorded_cells()
-    results = {prod.id: recorded_result(prod, seed=1), cand.id: case.inject(recorded_result(cand, seed=2))}
-    outcome = gate.decide((prod, cand), (), results, policy, today)
+    rec = recorded(case.device)
+    results = rec.with_candidate(case.inject(rec.candidate_result))
+    outcome = gate.decide((rec.production, rec.candidate), (), results, policy, today)
     ok = outcome.verdict.decision.value == case.expect
     if case.kind:
-        ok = ok and any(r.kind == case.kind for r in outcome.verdict.blocking)
+        ok = ok and any(r.kind == case.kind for r in outcome.verdict.reasons
+                        if r.severity.value in ("blocking", "inconclusive"))
     return ok, outcome
 
 
 def main(*, as_json: bool = False, policy_path: Path | None = None) -> int:
-    sys.path.insert(0, str(ROOT / "integration_tests"))
-    policy = load_policy(policy_path or ROOT / "matrix" / "policy.toml")
+    policy = load_policy(policy_path or bundled.MATRIX_DIR / "policy.toml")
     rows = []
     for case in CASES:
         ok, outcome = run_case(case, policy, dt.date.today())
-        first = outcome.verdict.blocking[0].message if outcome.verdict.blocking else ""
+        deciding = [r for r in outcome.verdict.reasons if r.severity.value in ("blocking", "inconclusive")]
+        first = deciding[0].message if deciding else ""
         rows.append({"case": case.name, "expected": case.expect, "got": outcome.verdict.decision.value,
                      "reason_kind": case.kind, "ok": ok, "reason": first[:200]})
     if as_json:
         print(json.dumps(rows, indent=2))
     else:
         for row in rows:
-            print(f"[{'ok' if row['ok'] else 'FAIL'}] {row['case']:32} expected {row['expected']:6} got {row['got']:12} "
-                  f"{row['reason']}")
+            print(f"[{'ok' if row['ok'] else 'FAIL'}] {row['case']:38} expected {row['expected']:12} "
+                  f"got {row['got']:12} {row['reason']}")
     failed = [r for r in rows if not r["ok"]]
     print(f"selftest: {len(rows) - len(failed)} passed, {len(failed)} failed")
     return 0 if not failed else 1
