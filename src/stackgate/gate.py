@@ -66,10 +66,11 @@ def _matches(name: str, globs: Sequence[str]) -> bool:
 
 
 def decide(cells: Sequence[Cell], not_here: Sequence[NotHere], results: Mapping[str, CellResult],
-           policy: Policy, today: dt.date) -> GateOutcome:
+           policy: Policy, today: dt.date, problems: Sequence[str] = ()) -> GateOutcome:
     """Absence is evidence of nothing: every required cell, required test, gated metric and
-    production partner either gives a decision or an INCONCLUSIVE reason naming what is missing."""
-    reasons: list[Reason] = []
+    production partner either gives a decision or an INCONCLUSIVE reason naming what is missing.
+    `problems` are results lines that could not be read: each makes the verdict INCONCLUSIVE."""
+    reasons: list[Reason] = [Reason(Severity.INCONCLUSIVE, problem, kind="bad-record") for problem in problems]
     by_key: dict[tuple[str, str], Cell] = {c.comparison_key: c for c in cells if c.role is Role.PRODUCTION}
     required = {c.id for c in cells if c.required or _matches(c.id, policy.required_cells)}
     candidates = [c for c in cells if c.role is Role.CANDIDATE]

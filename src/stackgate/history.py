@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import sqlite3
 import statistics
 from collections.abc import Iterator, Sequence
@@ -56,13 +57,17 @@ def record(path: Path, *, run_id: str, matrix: str, channel: str, started: str, 
         conn.execute("INSERT OR REPLACE INTO runs VALUES (?,?,?,?,?,?,?,?,?)",
                      (run_id, matrix, channel, started, finished, decision, verdict, candidate, json.dumps(summary)))
         conn.execute("DELETE FROM metrics WHERE run_id = ?", (run_id,))
-        rows = []
-        for result in results:
-            for m in result.metrics:
-                if m.samples and m.better != "equal":
-                    rows.append((run_id, result.cell_id, result.role.value, m.key, m.unit,
-                                 statistics.median(m.samples), len(m.samples)))
-        conn.executemany("INSERT OR REPLACE INTO metrics VALUES (?,?,?,?,?,?,?)", rows)
+        conn.executemany("INSERT OR REPLACE INTO metrics VALUES (?,?,?,?,?,?,?)", _metric_rows(run_id, results))
+
+
+def _metric_rows(run_id: str, results: Sequence[CellResult]) -> list[tuple[str, str, str, str, str, float, int]]:
+    rows = []
+    for result in results:
+        for m in result.metrics:
+            if m.samples and m.better != "equal" and all(math.isfinite(s) for s in m.samples):
+                rows.append((run_id, result.cell_id, result.role.value, m.key, m.unit,
+                             statistics.median(m.samples), len(m.samples)))
+    return rows
 
 
 def runs(path: Path, limit: int = 20, matrix: str | None = None) -> list[RunRow]:
@@ -78,18 +83,29 @@ def runs(path: Path, limit: int = 20, matrix: str | None = None) -> list[RunRow]
         return [RunRow(*row) for row in conn.execute(query, (*args, limit))]
 
 
-def trends(path: Path, *, channel: str, matrix: str, limit: int = 10) -> dict[str, list[tuple[str, float]]]:
-    """Median of each key metric over the candidate cells of the last runs of the same channel."""
-    if not path.exists():
-        return {}
+def trends(path: Path, *, channel: str, matrix: str, limit: int = 10,
+           current: tuple[str, Sequence[CellResult]] | None = None) -> dict[str, list[tuple[str, float]]]:
+    """Median of each key metric over the candidate cells of the last runs of the same channel;
+    `current` (run id, results) adds the run being reported before it is recorded."""
     out: dict[str, list[tuple[str, float]]] = {}
-    with connect(path) as conn:
-        ids = [r[0] for r in conn.execute(
-            "SELECT run_id FROM runs WHERE channel = ? AND matrix = ? ORDER BY started DESC, run_id DESC LIMIT ?",
-            (channel, matrix, limit))]
-        for run_id in reversed(ids):
-            for metric, median in conn.execute(
-                    "SELECT metric, median FROM metrics WHERE run_id = ? AND role = ?", (run_id, Role.CANDIDATE.value)):
-                if any(metric.startswith(prefix.rstrip("*")) for prefix in TREND_METRICS):
-                    out.setdefault(metric, []).append((run_id, float(median)))
-    return {k: v for k, v in out.items() if len(v) >= 1}
+
+    def add(run_id: str, metric: str, median: float) -> None:
+        if any(metric.startswith(prefix.rstrip("*")) for prefix in TREND_METRICS):
+            out.setdefault(metric, []).append((run_id, float(median)))
+
+    if path.exists():
+        with connect(path) as conn:
+            ids = [r[0] for r in conn.execute(
+                "SELECT run_id FROM runs WHERE channel = ? AND matrix = ? ORDER BY started DESC, run_id DESC LIMIT ?",
+                (channel, matrix, limit))]
+            for run_id in reversed(ids):
+                if current is not None and run_id == current[0]:
+                    continue
+                for metric, median in conn.execute("SELECT metric, median FROM metrics WHERE run_id = ? AND role = ?",
+                                                   (run_id, Role.CANDIDATE.value)):
+                    add(run_id, metric, median)
+    if current is not None:
+        for row in _metric_rows(current[0], current[1]):
+            if row[2] == Role.CANDIDATE.value:
+                add(current[0], row[3], row[5])
+    return out

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import re
 import secrets
+import sqlite3
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
@@ -162,6 +163,9 @@ def run(opts: Options, env: Mapping[str, str], say: Printer | None = None) -> in
         run_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise InfraError(f"cannot create {run_dir}: {exc.strerror}") from None
+    torn = results.repair_tail(run_dir)
+    if torn is not None:
+        say(f"repaired a torn last line of {results.RESULTS} (kept in {results.TORN}): {torn[:120]}")
     done = results.read(run_dir)
     started = now()
     say(f"stackgate {loaded.spec.name}: run {run_id}, {len(chosen.cells)} cell(s) here, "
@@ -183,8 +187,9 @@ def run(opts: Options, env: Mapping[str, str], say: Printer | None = None) -> in
         say("interrupted: writing the report from the cells that finished")
     finally:
         backend.close()
-    all_results = results.read(run_dir)
-    outcome = gate.decide(chosen.cells, chosen.not_here, all_results, loaded.policy, dt.date.today())
+    read = results.read_all(run_dir)
+    all_results = read.results
+    outcome = gate.decide(chosen.cells, chosen.not_here, all_results, loaded.policy, dt.date.today(), read.problems)
     report = RunReport(
         run_id=run_id, matrix=loaded.spec.name, channel=loaded.spec.channel, started=started, finished=now(),
         gate=outcome, gating_exit_code=loaded.policy.inconclusive_exit_code, cells=chosen.cells,
@@ -193,19 +198,30 @@ def run(opts: Options, env: Mapping[str, str], say: Printer | None = None) -> in
         trends={},
     )
     code = exit_code(report)
-    candidate = ", ".join(str(v) for v in loaded.torch)
-    history.record(opts.history, run_id=run_id, matrix=loaded.spec.name, channel=loaded.spec.channel,
-                   started=started, finished=report.finished, decision=outcome.verdict.decision.value,
-                   verdict=report.gating_verdict, candidate=candidate, results=list(all_results.values()),
-                   summary=counts(report))
-    report = replace(report, trends=history.trends(opts.history, channel=loaded.spec.channel, matrix=loaded.spec.name))
+    history_error = None
+    try:  # the reports go to disk first: a broken history database never costs the report
+        report = replace(report, trends=history.trends(opts.history, channel=loaded.spec.channel,
+                                                        matrix=loaded.spec.name,
+                                                        current=(run_id, list(all_results.values()))))
+    except (sqlite3.Error, OSError) as exc:
+        history_error = f"cannot read the history database {opts.history}: {exc}"
     write_reports(report, run_dir, code, env.get("GITHUB_STEP_SUMMARY"))
+    try:
+        history.record(opts.history, run_id=run_id, matrix=loaded.spec.name, channel=loaded.spec.channel,
+                       started=started, finished=report.finished, decision=outcome.verdict.decision.value,
+                       verdict=report.gating_verdict, candidate=", ".join(str(v) for v in loaded.torch),
+                       results=list(all_results.values()), summary=counts(report))
+    except (sqlite3.Error, OSError) as exc:
+        history_error = history_error or f"cannot record the run in the history database {opts.history}: {exc}"
     say(f"\n{outcome.verdict.decision.value} (gating verdict {report.gating_verdict}, exit {code})")
     for line in why_lines(outcome.verdict):
         say(line)
     say(f"reports: {run_dir}/report.md report.json junit.xml report.html")
     if interrupted:
         raise KeyboardInterrupt
+    if history_error:
+        raise InfraError(history_error + f" (the reports are written: {run_dir})",
+                         hint="check the file, or pass --history PATH to use another database")
     return code
 
 
@@ -295,7 +311,8 @@ def _run_cells(backend: Backend, cells: tuple[Cell, ...], ctx: RunContext, done:
     for cell in ordered:
         if cell.role is not Role.PRODUCTION or cell.comparison_key not in candidate_ran:
             continue
-        if cell.result_id("rollback") in finished:
+        earlier = finished.get(cell.result_id("rollback"))
+        if earlier is not None and earlier.status is not Status.INFRA_ERROR:  # infra errors are retried
             continue
         handle = handle_for(cell)
         if isinstance(handle, PrepareFailed):

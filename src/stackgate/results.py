@@ -1,16 +1,29 @@
-"""results.jsonl: one line per finished cell, appended and flushed the moment the cell ends, so a
-killed run keeps what finished and `--resume RUN_ID` skips it."""
+"""results.jsonl: one line per finished cell, appended and fsynced the moment the cell ends, so a
+killed run keeps what finished and `--resume RUN_ID` skips it.
+
+A line torn by a kill is cut off before the next append (and kept in results.jsonl.torn); a line
+that is not a result (bad JSON, a `null`, the wrong shape) never stops the run: `read` returns it as
+a problem, and the report shows it.
+"""
 
 from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from stackgate.errors import ConfigError
-from stackgate.model import CellResult
+from stackgate.model import CellResult, Role, Status
 
 RESULTS = "results.jsonl"
+TORN = "results.jsonl.torn"
+
+
+@dataclass(frozen=True)
+class ResultLines:
+    results: dict[str, CellResult] = field(default_factory=dict)
+    problems: tuple[str, ...] = ()  # "results.jsonl:7: <why>: <the line, shortened>"
 
 
 def append(run_dir: Path, result: CellResult) -> None:
@@ -22,19 +35,59 @@ def append(run_dir: Path, result: CellResult) -> None:
         os.fsync(fh.fileno())
 
 
-def read(run_dir: Path) -> dict[str, CellResult]:
-    """Last result per cell id; a torn last line (killed mid-write) is ignored."""
+def repair_tail(run_dir: Path) -> str | None:
+    """Cut a torn last line (a kill mid-write) so the next append starts a line of its own; the torn
+    bytes are kept in results.jsonl.torn. Returns what was cut, or None."""
+    path = run_dir / RESULTS
+    if not path.exists():
+        return None
+    data = path.read_bytes()
+    if not data or data.endswith(b"\n"):
+        return None
+    keep = data.rfind(b"\n") + 1
+    torn = data[keep:]
+    with (run_dir / TORN).open("ab") as fh:
+        fh.write(torn + b"\n")
+    with path.open("r+b") as fh:
+        fh.truncate(keep)
+        fh.flush()
+        os.fsync(fh.fileno())
+    return torn.decode("utf-8", errors="replace")
+
+
+def read_all(run_dir: Path) -> ResultLines:
+    """The last result per result id, and every line that is not a result."""
     path = run_dir / RESULTS
     out: dict[str, CellResult] = {}
+    problems: list[str] = []
     if not path.exists():
-        return out
-    for line in path.read_text(encoding="utf-8").splitlines():
+        return ResultLines()
+    lines = path.read_text(encoding="utf-8", errors="replace").split("\n")
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        data = None
         try:
-            result = CellResult.from_json(json.loads(line))
-        except (ValueError, KeyError):
+            data = json.loads(line)
+            if not isinstance(data, dict):
+                raise TypeError(f"a JSON {type(data).__name__}, not an object")
+            result = CellResult.from_json(data)
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            torn = number == len(lines)  # no newline after it: a write cut short by a kill
+            why = "torn last line (killed mid-write)" if torn else f"not a result ({type(exc).__name__}: {exc})"
+            problems.append(f"{RESULTS}:{number}: {why}: {line[:200]}")
+            cell_id = data.get("cell_id") if isinstance(data, dict) else None
+            if isinstance(cell_id, str) and cell_id:  # that cell's evidence is unreadable: it is an error
+                role = Role.PRODUCTION if cell_id.startswith("prod-") else Role.CANDIDATE
+                out[cell_id] = CellResult(cell_id, role, Status.ERROR, reason=f"unreadable result: {problems[-1]}")
             continue
         out[result.cell_id] = result
-    return out
+    return ResultLines(out, tuple(problems))
+
+
+def read(run_dir: Path) -> dict[str, CellResult]:
+    """Last result per cell id; lines that are not results are left out (see `read_all`)."""
+    return read_all(run_dir).results
 
 
 def resume_dir(reports: Path, run_id: str) -> Path:

@@ -143,6 +143,8 @@ def parse_records(paths: list[Path]) -> Records:
                 continue
             try:
                 data = json.loads(line)
+                if not isinstance(data, dict):
+                    raise TypeError(f"a JSON {type(data).__name__}, not an object")
                 kind = data.pop("kind", "metric")
                 if kind == "metric":
                     out.metrics.append(Metric.from_json(data))
@@ -152,8 +154,9 @@ def parse_records(paths: list[Path]) -> Records:
                     text = f"{data.get('category', 'Warning')}: {data.get('message', '')}"
                     if text not in out.warnings:
                         out.warnings.append(text)
-            except (ValueError, KeyError, TypeError) as exc:
-                out.problems.append(f"{path.name}:{number}: unreadable record ({exc})")
+            except (ValueError, KeyError, TypeError, AttributeError) as exc:
+                out.problems.append(f"{path.name}:{number}: unreadable record ({type(exc).__name__}: {exc}): "
+                                    f"{line[:200]}")
     return out
 
 
@@ -199,6 +202,10 @@ def build_result(cell: Cell, procs: list[ProcResult], workdir: Path, duration_s:
     environment = {**records.environment, **(extra_env or {})}
     if records.problems:
         environment["record_problems"] = records.problems
+        if status in (Status.PASSED, Status.FAILED):  # evidence that cannot be read is not evidence
+            status = Status.ERROR
+            reason = (f"{len(records.problems)} metric/environment record(s) could not be read; first: "
+                      f"{records.problems[0]}" + (f"; and: {reason}" if reason else ""))
     tail = procs[0].tail if procs else ""
     if status is not Status.PASSED:
         tail = "\n".join(f"===== node {i} =====\n{p.tail}" for i, p in enumerate(procs))

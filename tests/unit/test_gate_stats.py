@@ -48,8 +48,9 @@ def test_parity_reports_bitwise_and_drift() -> None:
 
 
 def _pair() -> tuple:
-    prod, cand = selftest.recorded_cells()
-    return prod, cand, selftest.recorded_result(prod, seed=1), selftest.recorded_result(cand, seed=2)
+    """The selftest's clean pair: the recorded run of the bundled suite, on a GPU pool."""
+    rec = selftest.recorded("cuda")
+    return rec.production, rec.candidate, rec.results[rec.production.id], rec.candidate_result
 
 
 def test_gate_go_on_clean_recorded_run() -> None:

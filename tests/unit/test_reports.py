@@ -17,8 +17,9 @@ EVIL = "<script>alert(1)</script> | **bold** `x`"
 
 
 def _report(fail: bool = False) -> RunReport:
-    prod, cand = selftest.recorded_cells()
-    pres, cres = selftest.recorded_result(prod, seed=1), selftest.recorded_result(cand, seed=2)
+    rec = selftest.recorded("cuda")
+    prod, cand = rec.production, rec.candidate
+    pres, cres = rec.results[prod.id], rec.candidate_result
     pres = replace(pres, environment={"torch": "2.13.0", "packages": ["torch==2.13.0", "numpy==2.0"]})
     cres = replace(cres, environment={"torch": "2.14.1", "packages": ["torch==2.14.1", "numpy==2.0", "triton==3.8"]},
                    warnings=(f"FutureWarning: {EVIL}",))

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from stackgate.model import CellResult, Role, Severity
 from stackgate.report.data import RunReport
+from stackgate.report.files import atomic_write, strip_control
 
 COLOURS = {"passed": "#2e7d32", "failed": "#c62828", "error": "#6a1b9a", "timeout": "#ef6c00", "oom": "#ad1457",
            "crashed": "#4e342e", "build-failed": "#37474f", "infra-error": "#455a64", "skipped": "#9e9e9e",
@@ -194,4 +195,4 @@ def render(report: RunReport) -> str:
 
 
 def write(report: RunReport, path: Path) -> None:
-    path.write_text(render(report), encoding="utf-8")
+    atomic_write(path, strip_control(render(report)))

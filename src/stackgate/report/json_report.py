@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from stackgate.report.data import SCHEMA_VERSION, RunReport
+from stackgate.report.files import atomic_write
 
 
 def _num(x: float) -> float | None:
@@ -84,6 +85,5 @@ def to_json(report: RunReport, exit_code: int) -> dict[str, Any]:
 
 
 def write(report: RunReport, path: Path, exit_code: int) -> None:
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(to_json(report, exit_code), indent=2, sort_keys=False, default=str))
-    tmp.replace(path)
+    # json.dumps escapes control characters (\u0000, \u001b): quoted output stays intact and safe
+    atomic_write(path, json.dumps(to_json(report, exit_code), indent=2, sort_keys=False, default=str))

@@ -3,11 +3,13 @@ skipped testcases so nothing silently disappears."""
 
 from __future__ import annotations
 
+import io
 import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from stackgate.report.data import RunReport
+from stackgate.report.files import atomic_write
 
 _INVALID_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
 
@@ -73,4 +75,6 @@ def render(report: RunReport) -> ET.ElementTree:
 def write(report: RunReport, path: Path) -> None:
     tree = render(report)
     ET.indent(tree)
-    tree.write(path, encoding="utf-8", xml_declaration=True)
+    buffer = io.BytesIO()
+    tree.write(buffer, encoding="utf-8", xml_declaration=True)
+    atomic_write(path, buffer.getvalue())

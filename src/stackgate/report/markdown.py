@@ -6,6 +6,7 @@ from pathlib import Path
 
 from stackgate.model import Severity
 from stackgate.report.data import RunReport, counts
+from stackgate.report.files import atomic_write, strip_control
 
 ICON = {"GO": "GO ✅", "NO-GO": "NO-GO ❌", "INCONCLUSIVE": "INCONCLUSIVE ⚠️"}
 
@@ -108,8 +109,8 @@ def render(report: RunReport) -> str:
 
 
 def write(report: RunReport, path: Path, step_summary: str | None) -> None:
-    text = render(report)
-    path.write_text(text, encoding="utf-8")
+    text = strip_control(render(report))
+    atomic_write(path, text)
     if step_summary:
         with Path(step_summary).open("a", encoding="utf-8") as fh:
             fh.write(text + "\n")
