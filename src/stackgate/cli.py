@@ -5,12 +5,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
 from stackgate import __version__
-from stackgate.errors import ExitCode, StackgateError
+from stackgate.errors import ExitCode, Interrupted, StackgateError
 
 
 def _add_run_options(p: argparse.ArgumentParser) -> None:
@@ -94,19 +96,30 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _raise_interrupted(signum: int, _frame: object) -> None:
+    raise Interrupted(signum)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    previous = None
+    if threading.current_thread() is threading.main_thread():  # SIGTERM (a CI cancel) unwinds like Ctrl-C
+        previous = signal.signal(signal.SIGTERM, _raise_interrupted)
     try:
         return _dispatch(args)
     except StackgateError as exc:
         print(exc.render(), file=sys.stderr)
         return int(exc.exit_code)
-    except KeyboardInterrupt:
-        print("interrupted; results written so far are kept", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:
+        code = exc.exit_code if isinstance(exc, Interrupted) else 128 + signal.SIGINT
+        print(f"interrupted (exit {code}); results written so far are kept", file=sys.stderr)
+        return code
     except OSError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return int(ExitCode.INFRA)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def _dispatch(args: argparse.Namespace) -> int:

@@ -54,3 +54,16 @@ class InfraError(StackgateError):
     """The machinery failed: Docker down, disk full, installer unreachable, no runner. Exit 3."""
 
     exit_code = ExitCode.INFRA
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C (SIGINT) or a CI cancel (SIGTERM), raised in the main thread. Exit 128 + signal:
+    130 for SIGINT, 143 for SIGTERM, after the report is written from the cells that finished."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum

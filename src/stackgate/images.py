@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from filelock import FileLock
 from packaging.utils import parse_wheel_filename
 
 from stackgate import proc
@@ -98,11 +99,18 @@ def wheelhouse(cache_dir: Path, requirements: Sequence[str], index_args: Sequenc
     """Resolve and download on the host into a content-addressed directory (reused when present)."""
     key = hashlib.sha256(json.dumps([list(requirements), list(index_args), python], sort_keys=True).encode())
     path = cache_dir / "wheelhouse" / key.hexdigest()[:16]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(path.with_name(path.name + ".lock"))):  # concurrent runs share one download
+        return _wheelhouse_locked(path, requirements, index_args, python, ca_bundle, env, log_path)
+
+
+def _wheelhouse_locked(path: Path, requirements: Sequence[str], index_args: Sequence[str], python: str,
+                       ca_bundle: str | None, env: dict[str, str], log_path: Path) -> Wheelhouse:
     manifest = path / "wheels.json"
     if manifest.exists():
         data = json.loads(manifest.read_text())
         return Wheelhouse(path, tuple(Wheel(**w) for w in data))
-    staging = path.with_name(path.name + ".partial")
+    staging = path.with_name(f"{path.name}.partial-{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     argv = [*pip_command(), "download", "-d", str(staging),

@@ -2,19 +2,24 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import hashlib
+import json
 import re
 import secrets
+import signal
 import sqlite3
+import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from packaging.version import Version
 
 from stackgate import compat as compat_mod
-from stackgate import gate, history, matrix, results, sources
+from stackgate import gate, history, images, matrix, proc, results, sources
 from stackgate.backends.base import Backend, EnvHandle, PrepareFailed, RunContext
 from stackgate.bundled import BUNDLED_SUITE
 from stackgate.console import Console
@@ -26,6 +31,7 @@ from stackgate.plan import plan_envs, run_order
 from stackgate.policy import Policy, load_for_suite
 from stackgate.report import html_report, json_report, junit, markdown
 from stackgate.report.data import RunReport, counts, now, stack_diffs
+from stackgate.report.files import atomic_write
 from stackgate.suite import PLATFORM_CHECKS, SuiteSpec
 from stackgate.versions import parse_torch
 
@@ -159,8 +165,13 @@ def run(opts: Options, env: Mapping[str, str], say: Printer | None = None) -> in
         run_dir = opts.reports / run_id
         if (run_dir / results.RESULTS).exists():
             raise ConfigError(f"run {run_id} already has results in {run_dir}", hint="use --resume to continue it")
+    defined = definition(opts, loaded)
+    if opts.resume:
+        check_same_definition(run_dir, defined)
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
+        if not opts.resume:
+            atomic_write(run_dir / DEFINITION, json.dumps(defined, indent=1, sort_keys=True))
     except OSError as exc:
         raise InfraError(f"cannot create {run_dir}: {exc.strerror}") from None
     torn = results.repair_tail(run_dir)
@@ -179,14 +190,78 @@ def run(opts: Options, env: Mapping[str, str], say: Printer | None = None) -> in
     say(f"suite {suite.path}; policy: {loaded.policy.origin}")
     progress = Progress(say)
     ctx = RunContext(run_id=run_id, run_dir=run_dir, suite=suite, on_line=progress.line)
-    interrupted = False
+    interrupted: KeyboardInterrupt | None = None
     try:
         _run_cells(backend, chosen.cells, ctx, done, opts, progress, console)
-    except KeyboardInterrupt:
-        interrupted = True
-        say("interrupted: writing the report from the cells that finished")
+    except KeyboardInterrupt as exc:
+        interrupted = exc
+        stopped = proc.stop_all()
+        say(f"interrupted: stopped {stopped} process tree(s); writing the report from the cells that finished "
+            f"(continue with --resume {run_id})")
     finally:
         backend.close()
+    with _signals_held() if interrupted is not None else contextlib.nullcontext():
+        code, history_error = _decide_and_report(opts, env, loaded, chosen, run_id, run_dir, started, say)
+    if interrupted is not None:
+        raise interrupted
+    if history_error:
+        raise InfraError(history_error + f" (the reports are written: {run_dir})",
+                         hint="check the file, or pass --history PATH to use another database")
+    return code
+
+
+DEFINITION = "run.json"
+
+
+def _digest(data: bytes | str) -> str:
+    return hashlib.sha256(data.encode() if isinstance(data, str) else data).hexdigest()[:16]
+
+
+def definition(opts: Options, loaded: Loaded) -> dict[str, str]:
+    """What a run is: a resumed run must be the same run (matrix, candidate, policy, suite, selection)."""
+    suite_path = opts.suite or BUNDLED_SUITE
+    suite = _digest(suite_path.read_bytes()) if suite_path.is_file() else images.suite_digest(suite_path)
+    return {
+        "matrix": f"{opts.matrix} sha256:{_digest(opts.matrix.read_bytes())}",
+        "candidate": ", ".join(str(v) for v in loaded.torch),
+        "policy": f"{loaded.policy.origin} sha256:{_digest(repr(loaded.policy))}",
+        "suite": f"{suite_path} sha256:{suite[:16]}",
+        "selection": f"only={list(opts.only)} shard={opts.shard}",
+        "profile": str(opts.profile),
+        "pytest_args": " ".join(opts.pytest_args),
+    }
+
+
+def check_same_definition(run_dir: Path, defined: Mapping[str, str]) -> None:
+    path = run_dir / DEFINITION
+    try:
+        before = json.loads(path.read_text())
+    except (OSError, ValueError):
+        raise ConfigError(f"cannot resume: {path} is missing or unreadable, so it is unknown what that run was",
+                          hint="start a new run instead of resuming") from None
+    changed = [f"{k}: was {before.get(k)!r}, now {v!r}" for k, v in defined.items() if before.get(k) != v]
+    if changed:
+        raise ConfigError(f"cannot resume {run_dir.name}: the run's definition changed: " + "; ".join(changed),
+                          hint="resume with the same matrix, candidate, policy, suite and selection, or start a "
+                               "new run")
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """After an interrupt, a second Ctrl-C or SIGTERM must not cut the report short."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    saved = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+
+
+def _decide_and_report(opts: Options, env: Mapping[str, str], loaded: Loaded, chosen: matrix.Expansion,
+                       run_id: str, run_dir: Path, started: str, say: Printer) -> tuple[int, str | None]:
     read = results.read_all(run_dir)
     all_results = read.results
     outcome = gate.decide(chosen.cells, chosen.not_here, all_results, loaded.policy, dt.date.today(), read.problems)
@@ -217,12 +292,7 @@ def run(opts: Options, env: Mapping[str, str], say: Printer | None = None) -> in
     for line in why_lines(outcome.verdict):
         say(line)
     say(f"reports: {run_dir}/report.md report.json junit.xml report.html")
-    if interrupted:
-        raise KeyboardInterrupt
-    if history_error:
-        raise InfraError(history_error + f" (the reports are written: {run_dir})",
-                         hint="check the file, or pass --history PATH to use another database")
-    return code
+    return code, history_error
 
 
 def why_lines(verdict: Verdict, limit: int = 10) -> list[str]:

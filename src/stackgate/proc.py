@@ -17,6 +17,8 @@ from pathlib import Path
 from stackgate.errors import InfraError
 
 TAIL_LINES = 200
+_LIVE: set[subprocess.Popen[str]] = set()  # every process group started by `run` and not yet reaped
+_LIVE_LOCK = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,8 @@ def run(
             if on_line:
                 on_line(line)
 
+    with _LIVE_LOCK:
+        _LIVE.add(proc)
     reader = threading.Thread(target=pump, daemon=True)
     reader.start()
     timed_out = False
@@ -81,6 +85,8 @@ def run(
         stop_group(proc, grace_s)
         raise
     finally:
+        with _LIVE_LOCK:
+            _LIVE.discard(proc)
         reader.join(timeout=5)
         if proc.stdout is not None:
             proc.stdout.close()
@@ -89,18 +95,71 @@ def run(
     return ProcResult(tuple(argv), proc.returncode, timed_out, time.monotonic() - start, "\n".join(tail))
 
 
-def stop_group(proc: subprocess.Popen[str], grace_s: float) -> None:
-    """SIGINT, then SIGTERM, then SIGKILL to the whole group, each after `grace_s`."""
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGKILL):
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid` (from /proc), including those that started sessions of their own
+    (torchrun and its ranks do), so that stopping a suite leaves nothing behind."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=grace_s)
-            return
-        except subprocess.TimeoutExpired:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
             continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def _signal_tree(pids: list[int], sig: signal.Signals) -> None:
+    for target in pids:
+        for kill in (os.killpg, os.kill):
+            try:
+                kill(target, sig)
+            except (ProcessLookupError, PermissionError):
+                continue
+
+
+def stop_group(proc: subprocess.Popen[str], grace_s: float) -> None:
+    """SIGINT, then SIGTERM, then SIGKILL to the process's group and to every descendant and its
+    group (torchrun starts a session of its own), each after `grace_s`. Descendants are remembered
+    across rounds: once their parent dies they are orphans that /proc no longer links to it."""
+    known: set[int] = set()
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGKILL):
+        known.update(descendants(proc.pid))
+        alive = [pid for pid in known if _alive(pid)]
+        if proc.poll() is not None and not alive:
+            return
+        _signal_tree([proc.pid, *alive], sig)
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline:
+            known.update(descendants(proc.pid))
+            if proc.poll() is not None and not any(_alive(pid) for pid in known):
+                return
+            time.sleep(0.1)
+
+
+def stop_all(grace_s: float = 5.0) -> int:
+    """Stop every process tree `run` started that is still alive (on Ctrl-C / SIGTERM, from the main
+    thread, while worker threads wait on them). Returns how many were stopped."""
+    with _LIVE_LOCK:
+        live = list(_LIVE)
+    threads = [threading.Thread(target=stop_group, args=(p, grace_s), daemon=True) for p in live]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=4 * grace_s)
+    return len(live)
 
 
 def capture(argv: Sequence[str], *, env: Mapping[str, str] | None = None, timeout_s: float = 60) -> str:

@@ -13,6 +13,8 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
+from filelock import FileLock
+
 from stackgate import proc, suite
 from stackgate.backends.base import EnvHandle, PrepareFailed, RunContext, free_port
 from stackgate.compat import CompatTable
@@ -45,12 +47,19 @@ class VenvBackend:
         reqs = requirements(self.compat, stack, self.suite_requirements)
         key = self.key(stack, reqs)
         root = self.cache_dir / f"{stack.label}-{key}"
+        root.parent.mkdir(parents=True, exist_ok=True)
+        # concurrent runs sharing a cache: one builds, the others wait and then reuse
+        with FileLock(str(root.with_name(root.name + ".lock"))):
+            return self._prepare_locked(stack, root, key, reqs, start, log_path)
+
+    def _prepare_locked(self, stack: Stack, root: Path, key: str, reqs: list[str], start: float,
+                        log_path: Path) -> EnvHandle:
         python = root / "bin" / "python"
         marker = root / MARKER
         if marker.exists() and python.exists():
             sbom = json.loads(marker.read_text())
             return EnvHandle(stack, str(python), key, reused=True, prepare_s=time.monotonic() - start, sbom=sbom)
-        staging = root.with_name(root.name + ".partial")
+        staging = root.with_name(f"{root.name}.partial-{os.getpid()}")
         shutil.rmtree(staging, ignore_errors=True)
         staging.parent.mkdir(parents=True, exist_ok=True)
         uv = [sys.executable, "-m", "uv"]
