@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# One short, prepared run for a lent GPU machine (device tool): the GPU tier on the host's torch.
-# Writes its evidence under $OUT (junit.xml, results.jsonl, pytest.log, nvidia-smi.txt).
+# One short, prepared run for a lent GPU machine (device tool): the GPU tier with its defaults --
+# the bundled suite on the host's torch with nccl, then a real `stackgate run --backend venv` that
+# must reach GO. Writes its evidence under $OUT (junit, results, reports, logs, nvidia-smi.txt).
 set -uo pipefail
 OUT=${OUT:-/tmp/stackgate-gpu}
 mkdir -p "$OUT"

@@ -269,9 +269,11 @@ def _compare(cand: Cell, base: Cell, cres: CellResult, bres: CellResult, policy:
         if rule_p is not None and rule_p.method == "threshold":
             cmp = stats.threshold(other.samples, metric.samples, better=metric.better, tolerance=rule_p.tolerance)
         else:
+            # ungated metrics are shown, not judged: a coarser interval is enough for the report
             cmp = stats.compare(other.samples, metric.samples, better=metric.better,
                                 tolerance=rule_p.tolerance if rule_p else 0.05, confidence=policy.confidence,
-                                resamples=policy.resamples, min_samples=policy.min_samples)
+                                resamples=policy.resamples if rule_p else min(policy.resamples, 200),
+                                min_samples=policy.min_samples)
         comparisons.append(MetricComparison(cand.id, base.id, key, metric.unit, cand.device, cmp, rule_p is not None))
         if rule_p is None:
             continue

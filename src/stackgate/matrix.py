@@ -277,7 +277,11 @@ def _nth_header_line(doc: tomlfile.Doc, kind: str, index: int) -> int | None:
 
 
 def _topology_word(doc: tomlfile.Doc, word: str, *where: str) -> str:
-    if word in ("node", "pool") or _TOPOLOGY.match(word):
+    match = _TOPOLOGY.match(word)
+    if match and (int(match.group(1)) < 1 or int(match.group(2)) < 1):
+        raise doc.error(f"topology {word!r} needs at least one node and one process per node", *where, "topology",
+                        hint="for example 1x2 or 2x8")
+    if word in ("node", "pool") or match:
         return word
     raise doc.error(f"unknown topology {word!r}", *where, "topology", hint="use 'node', 'pool' or NODESxPROCS such as 2x2")
 
@@ -406,6 +410,7 @@ def select(expansion: Expansion, only: Sequence[str] = (), shard: tuple[int, int
     def keep(cell: Cell) -> bool:
         return not only or any(fnmatch.fnmatchcase(cell.id, g) for g in only)
 
+    all_here = expansion.cells
     chosen = [c for c in expansion.cells if keep(c)]
     partners = {c.comparison_key for c in chosen if c.role is Role.CANDIDATE}
     chosen_ids = {c.id for c in chosen}
@@ -419,4 +424,9 @@ def select(expansion: Expansion, only: Sequence[str] = (), shard: tuple[int, int
     order = {c.id: i for i, c in enumerate(expansion.cells)}
     chosen.sort(key=lambda c: order[c.id])
     not_here = tuple(n for n in expansion.not_here if keep(n.cell))
-    return Expansion(cells=tuple(chosen), not_here=not_here, pruned=expansion.pruned)
+    # a partial selection is stated, and cannot give GO for the required cells it left out
+    picked = {c.id for c in chosen}
+    how = " ".join([*(f"--only {g}" for g in only), *([f"--shard {shard[0]}/{shard[1]}"] if shard else [])])
+    left_out = tuple(NotHere(c, f"left out of this run by {how}") for c in all_here
+                     if c.id not in picked and c.required)
+    return Expansion(cells=tuple(chosen), not_here=not_here + left_out, pruned=expansion.pruned)

@@ -133,6 +133,7 @@ def resolve(cli: Mapping[str, Any], env: Mapping[str, str], project_file: Path |
         project_file = absolute(project_file, cwd)
     if project_file is not None and project_file.exists():
         doc = tomlfile.load(project_file)
+        tomlfile.check_keys(doc, doc.data, ["run"])  # a misspelled table is an error, not silently ignored
         run = tomlfile.get(doc, doc.data, "run", dict, default={})
         tomlfile.check_keys(doc, run, [k.replace("_", "-") for k in FIELDS] + list(FIELDS), "run")
         layers.append((str(project_file), {k.replace("-", "_"): v for k, v in run.items()}))

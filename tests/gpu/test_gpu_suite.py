@@ -1,9 +1,15 @@
-"""The GPU tier: the bundled suite on this host's torch with the nccl backend (world size 1, as NCCL
-refuses two ranks on one GPU). Skipped where there is no GPU; `scripts/gpu-validate.sh` runs it on a
-lent GPU machine and records the figures."""
+"""The GPU tier, with the defaults (no overrides that hide a bug). Skipped where there is no GPU;
+`scripts/gpu-validate.sh` runs it on a lent GPU machine and keeps the evidence.
+
+1. The bundled suite under plain pytest on this host's torch, as the harness would set it up for
+   the detected local pool: STACKGATE_DEVICE=cuda and one process per GPU. World sizes and the
+   expected transport are left to their defaults (derived from the node, "any").
+2. A real `stackgate run --backend venv` of the upgrade matrix's local cells must reach GO.
+"""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -12,9 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from stackgate import matrix, suite
+from stackgate import bundled, matrix, suite
 
-ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.gpu
 
 
@@ -26,25 +31,41 @@ def host() -> matrix.LocalHost:
     return found
 
 
-def test_suite_on_gpu_with_nccl(host: matrix.LocalHost, tmp_path: Path) -> None:
+def _keep(paths: list[Path], name: str, text: str = "") -> None:
+    out_dir = Path(os.environ.get("STACKGATE_GPU_OUT", "/tmp/stackgate-gpu"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for f in paths:
+        if f.exists():
+            shutil.copy(f, out_dir / f"{name}-{f.name}")
+    if text:
+        (out_dir / f"{name}.log").write_text(text)
+
+
+def test_bundled_suite_on_host_torch_with_nccl(host: matrix.LocalHost, tmp_path: Path) -> None:
     torch_cuda = subprocess.run([sys.executable, "-c", "import torch;print(torch.version.cuda or 'cpu')"],
                                 capture_output=True, text=True, check=True).stdout.strip()
-    variant = "cpu" if torch_cuda == "cpu" else "cu" + torch_cuda.replace(".", "")
-    env = {**os.environ, "STACKGATE_DEVICE": "cuda", "STACKGATE_EXPECT_CUDA": variant, "STACKGATE_NPROC_PER_NODE": "1",
-           "STACKGATE_RESULTS": str(tmp_path / "results.jsonl"), "STACKGATE_ARTIFACTS": str(tmp_path / "art"),
-           "STACKGATE_EXPECT_TRANSPORT": "none", "STACKGATE_PARAM_DTYPE": "bfloat16",
-           "STACKGATE_WORLD_SIZES": "1"}
+    variant = "cpu" if torch_cuda == "cpu" else "cu" + torch_cuda.replace(".", "")[:3]
+    env = {**os.environ, "STACKGATE_DEVICE": "cuda", "STACKGATE_EXPECT_CUDA": variant,
+           "STACKGATE_NPROC_PER_NODE": str(host.gpu_count), "STACKGATE_EXPECT_TRANSPORT": "any",
+           "STACKGATE_RESULTS": str(tmp_path / "results.jsonl"), "STACKGATE_ARTIFACTS": str(tmp_path / "art")}
     junit = tmp_path / "junit.xml"
-    proc = subprocess.run([sys.executable, "-m", "pytest", str(suite.BUNDLED_SUITE), "-p", "no:cacheprovider",
-                           f"--junitxml={junit}", "-q"],
-                          env=env, cwd=suite.BUNDLED_SUITE, capture_output=True, text=True, timeout=1800, check=False)
-    out_dir = Path(os.environ.get("STACKGATE_GPU_OUT", tmp_path))
-    out_dir.mkdir(parents=True, exist_ok=True)
-    for f in (junit, tmp_path / "results.jsonl"):
-        if f.exists():
-            shutil.copy(f, out_dir / f.name)
-    (out_dir / "pytest.log").write_text(proc.stdout + proc.stderr)
+    proc = subprocess.run([sys.executable, "-m", "pytest", str(bundled.BUNDLED_SUITE), "-p", "no:cacheprovider",
+                           f"--junitxml={junit}", "-q"], env=env, cwd=bundled.BUNDLED_SUITE, capture_output=True,
+                          text=True, timeout=1800, check=False)
+    _keep([junit, tmp_path / "results.jsonl"], "host-suite", proc.stdout + proc.stderr)
     tests = suite.parse_junit([junit])
     failed = [t for t in tests if t.outcome in ("failed", "error")]
     assert not failed, "\n".join(f"{t.name}: {t.message[:500]}" for t in failed)
     assert any(t.name.endswith("test_cuda_usable_on_gpu_runner") and t.outcome == "passed" for t in tests)
+    sizes = [t.name for t in tests if "test_collective_correctness[" in t.name]
+    assert sizes and all(int(n.rsplit("[", 1)[1].rstrip("]")) <= host.gpu_count for n in sizes)
+
+
+def test_stackgate_run_reaches_go_on_this_gpu_runner(host: matrix.LocalHost, tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "stackgate", "run", "--backend", "venv", "--only", "local-*",
+                           "--run-id", "gpu"], cwd=tmp_path, capture_output=True, text=True, timeout=3600,
+                          check=False)
+    run_dir = tmp_path / "reports" / "gpu"
+    _keep([run_dir / "report.json", run_dir / "report.md"], "stackgate-run", proc.stdout + proc.stderr)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert json.loads((run_dir / "report.json").read_text())["decision"] == "GO"

@@ -141,3 +141,13 @@ def test_infrastructure_error_is_inconclusive_not_no_go() -> None:
     out = gate.decide((prod, cand), (), {prod.id: pres, cand.id: cres}, POLICY, TODAY)
     assert out.verdict.decision is Decision.INCONCLUSIVE
     assert any(r.kind == "cell-infra-error" for r in out.verdict.reasons)
+
+
+def test_selftest_fails_when_a_gated_metric_cannot_be_decided_on_a_device() -> None:
+    """The bug selftest exists to catch: peak memory is one value per run; gated by bootstrap (which
+    needs >= min_samples) no GPU candidate could ever be GO."""
+    rules = tuple(replace(r, method="bootstrap") if r.name == "vit.peak_memory" else r for r in POLICY.performance)
+    clean_gpu = next(c for c in selftest.CASES if c.name == "clean run (GPU pool)")
+    ok, outcome = selftest.run_case(clean_gpu, replace(POLICY, performance=rules), TODAY)
+    assert not ok and outcome.verdict.decision is Decision.INCONCLUSIVE
+    assert any("vit.peak_memory" in r.message and "only 1 samples" in r.message for r in outcome.verdict.reasons)
