@@ -13,7 +13,7 @@ from stackgate.report import html_report, markdown
 from stackgate.report.data import RunReport, stack_diffs
 
 ROOT = Path(__file__).resolve().parents[2]
-EVIL = "<script>alert(1)</script> | **bold** `x`"
+EVIL = "<script>alert(1)</script> | **bold** `x` \x1b[31mred\x1b[0m nul\x00byte"
 
 
 def _report(fail: bool = False) -> RunReport:
@@ -58,7 +58,7 @@ def test_junit_is_valid_and_counts_cells_tests_and_not_run(tmp_path: Path) -> No
     assert sum(int(s.get("tests")) for s in root.iter("testsuite")) == len(cases)
 
 
-def test_markdown_and_html_escape_everything_quoted() -> None:
+def test_markdown_and_html_escape_everything_quoted(tmp_path: Path) -> None:
     report = _report(fail=True)
     assert report.gate.verdict.decision.value == "NO-GO"
     md = markdown.render(report)
@@ -66,6 +66,11 @@ def test_markdown_and_html_escape_everything_quoted() -> None:
     assert "\\| \\*\\*bold\\*\\*" in md  # table cells cannot be broken by quoted text
     page = html_report.render(report)
     assert "<script>" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    pipeline.write_reports(report, tmp_path, 1, None)
+    for name in ("report.md", "report.html", "junit.xml"):
+        written = (tmp_path / name).read_text()
+        assert "\x00" not in written and "\x1b" not in written, name  # control characters never reach a page
+    assert "\\u001b[31mred" in (tmp_path / "report.json").read_text()  # escaped, not lost, in JSON
     assert 'id=\'verdict\'' in page and ">NO-GO<" in page
     assert page.count("<svg") >= 3  # busbw is absent here; loss, step-time and trend plots are present
 

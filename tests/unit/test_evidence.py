@@ -1,0 +1,98 @@
+"""Issue 9's findings at the module level: bad lines never stop a run, torn tails are repaired before
+the next append, validation says file:line, reports are atomic and free of control characters."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from stackgate import matrix, options, policy, results, stats, suite, tomlfile
+from stackgate.errors import ConfigError
+from stackgate.model import CellResult, Role, Status
+from stackgate.proc import ProcResult
+from stackgate.report.files import atomic_write, strip_control
+
+
+def test_bad_result_lines_are_problems_not_crashes(tmp_path: Path) -> None:
+    results.append(tmp_path, CellResult("c1", Role.CANDIDATE, Status.PASSED))
+    with (tmp_path / results.RESULTS).open("a") as fh:
+        fh.write("null\n\"a bare string\"\n")
+        fh.write(json.dumps({"cell_id": "c2", "role": "candidate", "status": "passed",
+                             "metrics": [{"name": "m", "samples": [1], "tags": ["not", "a", "table"]}]}) + "\n")
+    read = results.read_all(tmp_path)
+    assert read.results["c1"].status is Status.PASSED
+    assert read.results["c2"].status is Status.ERROR and read.results["c2"].role is Role.CANDIDATE
+    assert "results.jsonl:4" in read.results["c2"].reason  # quotes where the bad line is
+    assert [p.split(":")[1] for p in read.problems] == ["2", "3", "4"]
+
+
+def test_torn_tail_is_cut_before_the_next_append(tmp_path: Path) -> None:
+    results.append(tmp_path, CellResult("c1", Role.CANDIDATE, Status.PASSED))
+    with (tmp_path / results.RESULTS).open("a") as fh:
+        fh.write('{"cell_id": "c2", "sta')
+    assert results.repair_tail(tmp_path) == '{"cell_id": "c2", "sta'
+    assert results.repair_tail(tmp_path) is None  # idempotent
+    results.append(tmp_path, CellResult("c2", Role.CANDIDATE, Status.PASSED))
+    read = results.read_all(tmp_path)
+    assert set(read.results) == {"c1", "c2"} and read.problems == ()
+    assert (tmp_path / results.TORN).read_text() == '{"cell_id": "c2", "sta\n'
+
+
+@pytest.mark.parametrize("line", ['"just a string"', "null", '{"name": "m", "samples": [1], "tags": ["x"]}',
+                                  '{"name": "m", "samples": ["fast"]}'])
+def test_a_bad_metrics_record_makes_the_cell_error_quoting_the_line(tmp_path: Path, line: str) -> None:
+    (tmp_path / "results-node0.jsonl").write_text(json.dumps({"name": "ok", "samples": [1.0]}) + "\n" + line + "\n")
+    (tmp_path / "junit-node0-suite.xml").write_text(
+        '<testsuites><testsuite><testcase classname="test_a" file="test_a.py" name="test_x"/></testsuite></testsuites>')
+    from tests.unit.test_user_paths import _user_cells
+    _, cand = _user_cells()
+    result = suite.build_result(cand, [ProcResult(("pytest",), 0, False, 1.0, "")], tmp_path, 1.0)
+    assert result.status is Status.ERROR
+    assert "results-node0.jsonl:2" in result.reason and line[:20] in result.reason
+
+
+def test_parity_fails_on_nan_and_short_trajectories() -> None:
+    base = [2.0 * 0.9 ** i for i in range(20)]
+    nan = stats.parity(base, [*base[:5], math.nan, *base[6:]], rtol=1e-3, atol=0, steps=10)
+    assert not nan.within and not nan.bitwise and "not finite" in nan.problem
+    short = stats.parity(base, base[:2], rtol=1e-3, atol=0, steps=10)
+    assert not short.within and not short.bitwise and short.problem == "candidate trajectory has 2 of 10 steps"
+    assert stats.parity(base, base, rtol=0, atol=0, steps=10).bitwise
+    assert stats.parity(base[:5], base[:5] + [1.0], rtol=0, atol=0).within  # longer than production is fine
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("[performance]\nresamples = 0\n", "'resamples' = 0 is out of range"),
+    ("[performance]\nconfidence = 7\n", "'confidence' = 7 is out of range"),
+    ("[[performance.metric]]\nname = 'x'\ntolerance = -1\n", "'tolerance' = -1 is out of range"),
+    ("[[performance.metric]]\nname = 'x'\ntolerance = 0.1\nmethod = 'guess'\n", "unknown method 'guess'"),
+    ("[gate]\ninconclusive_exit_code = 7\n", "out of range"),
+])
+def test_policy_values_are_range_checked_with_file_and_line(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "policy.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        policy.load_policy(path)
+    assert message in str(info.value) and f"{path}:" in str(info.value)
+
+
+def test_misspelled_table_and_empty_topology_are_errors(tmp_path: Path) -> None:
+    project = tmp_path / "stackgate.toml"
+    project.write_text("[rnu]\nprofile = 'quick'\n")
+    with pytest.raises(ConfigError, match=r"stackgate.toml:1: unknown key 'rnu'") as info:
+        options.resolve({}, {}, project)
+    assert info.value.hint == "did you mean 'run'?"
+    doc = tomlfile.loads("[matrix]\ntopology = ['0x0']\n", tmp_path / "m.toml")
+    with pytest.raises(ConfigError, match="at least one node"):
+        matrix._topology_word(doc, "0x0", "matrix")
+
+
+def test_reports_are_written_atomically_and_without_control_characters(tmp_path: Path) -> None:
+    target = tmp_path / "report.md"
+    atomic_write(target, "old")
+    atomic_write(target, "new")
+    assert target.read_text() == "new" and [p.name for p in tmp_path.iterdir()] == ["report.md"]
+    assert strip_control("ok\x00 \x1b[31mred\x1b[0m\tend\n") == "ok red\tend\n"

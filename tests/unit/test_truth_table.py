@@ -1,0 +1,210 @@
+"""The gate's specification, as a truth table: one row per situation -> the decision and the kind of
+reason that must decide it. Rows start from the selftest's recorded run of the bundled suite on a
+GPU pool (the clean pair is GO) and inject one situation each. Every selftest case is a row too."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+import pytest
+
+from stackgate import bundled, gate, selftest
+from stackgate.model import Cell, CellResult, Decision, NotHere, Severity, Status, TestOutcome
+from stackgate.policy import Policy, Waiver, load_policy
+
+POLICY = load_policy(bundled.MATRIX_DIR / "policy.toml")
+TODAY = dt.date(2026, 11, 30)
+
+
+@dataclass
+class Situation:
+    """What the gate is given; rows change it."""
+
+    cells: list[Cell]
+    results: dict[str, CellResult]
+    not_here: list[NotHere] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    policy: Policy = POLICY
+
+    @property
+    def prod(self) -> Cell:
+        return self.cells[0]
+
+    @property
+    def cand(self) -> Cell:
+        return self.cells[1]
+
+    def edit(self, cell: Cell, change: Callable[[CellResult], CellResult]) -> None:
+        self.results[cell.id] = change(self.results[cell.id])
+
+
+def _metrics(keep: Callable[[str], bool]) -> Callable[[CellResult], CellResult]:
+    return lambda r: replace(r, metrics=tuple(m for m in r.metrics if keep(m.name)))
+
+
+def _samples(name: str, change: Callable[[tuple[float, ...]], tuple[float, ...]]) -> Callable[[CellResult], CellResult]:
+    return lambda r: replace(r, metrics=tuple(replace(m, samples=change(m.samples)) if m.name == name else m
+                                              for m in r.metrics))
+
+
+def _rollback(s: Situation, status: Status, reason: str, tests: tuple[TestOutcome, ...] = ()) -> None:
+    rid = s.prod.result_id("rollback")
+    s.results[rid] = CellResult(rid, s.prod.role, status, reason=reason, tests=tests)
+
+
+def r_clean(s: Situation) -> None:
+    pass
+
+
+def r_candidate_without_metrics(s: Situation) -> None:
+    s.edit(s.cand, _metrics(lambda _: False))
+
+
+def r_gated_metric_missing_in_production(s: Situation) -> None:
+    s.edit(s.prod, _metrics(lambda n: n != "busbw"))
+
+
+def r_partner_pruned(s: Situation) -> None:
+    prod = s.prod
+    s.cells.remove(prod)
+    del s.results[prod.id]
+
+
+def r_partner_never_ran(s: Situation) -> None:
+    del s.results[s.prod.id]
+
+
+def r_failed_without_failing_test(s: Situation) -> None:
+    s.edit(s.cand, lambda r: replace(r, status=Status.FAILED, reason="pytest exited 1"))
+
+
+def r_numerics_nan(s: Situation) -> None:
+    s.edit(s.cand, _samples("vit.loss", lambda xs: (*xs[:3], float("nan"), *xs[4:])))
+
+
+def r_trajectory_cut_short(s: Situation) -> None:
+    s.edit(s.cand, _samples("recsys.loss", lambda xs: xs[:2]))
+
+
+def r_unreadable_results_line(s: Situation) -> None:
+    s.problems.append('results.jsonl:3: not a result (TypeError: a JSON str, not an object): "oops"')
+
+
+def r_unreadable_metrics_record(s: Situation) -> None:
+    s.edit(s.cand, lambda r: replace(r, status=Status.ERROR, reason="1 metric/environment record(s) could not be "
+                                     "read; first: results-node0.jsonl:4: unreadable record"))
+
+
+def r_required_cell_left_out_by_selection(s: Situation) -> None:
+    s.not_here.append(NotHere(replace(s.cand, pool=replace(s.cand.pool, name="other")),
+                              "left out of this run by --only prod-*"))
+
+
+def r_infra_error(s: Situation) -> None:
+    s.edit(s.cand, lambda r: replace(r, status=Status.INFRA_ERROR, reason="lost the Docker engine", tests=()))
+
+
+def r_rollback_infra_error(s: Situation) -> None:
+    _rollback(s, Status.INFRA_ERROR, "lost the Docker engine")
+
+
+def r_rollback_failed_without_test(s: Situation) -> None:
+    _rollback(s, Status.FAILED, "pytest exited 1")
+
+
+def r_rollback_cannot_read(s: Situation) -> None:
+    _rollback(s, Status.FAILED, "1 test(s) failed", (TestOutcome(
+        "test_crossversion.py::test_load_dcp_model_and_optimizer", "failed", message="KeyError: 'optim'"),))
+
+
+def r_rollback_no_crossversion_tests(s: Situation) -> None:
+    _rollback(s, Status.SKIPPED, "the suite has no cross-version tests (-m crossversion): nothing to roll back")
+
+
+def r_baseline_failed(s: Situation) -> None:
+    s.edit(s.prod, lambda r: replace(r, status=Status.TIMEOUT, reason="the suite exceeded the cell timeout"))
+
+
+def r_required_test_skipped(s: Situation) -> None:
+    s.edit(s.cand, lambda r: replace(r, tests=tuple(replace(t, outcome="skipped") if "recsys" in t.name else t
+                                                    for t in r.tests)))
+
+
+def r_required_test_missing(s: Situation) -> None:
+    s.edit(s.cand, lambda r: replace(r, tests=tuple(t for t in r.tests if "vit_fsdp" not in t.name)))
+
+
+def r_peak_memory_plus_20(s: Situation) -> None:
+    s.edit(s.cand, _samples("vit.peak_memory", lambda xs: tuple(x * 1.2 for x in xs)))
+
+
+def r_peak_memory_plus_4(s: Situation) -> None:
+    s.edit(s.cand, _samples("vit.peak_memory", lambda xs: tuple(x * 1.04 for x in xs)))
+
+
+def r_perf_sample_nan(s: Situation) -> None:
+    s.edit(s.cand, _samples("recsys.step_time", lambda xs: (float("inf"), *xs[1:])))
+
+
+def r_expired_waiver(s: Situation) -> None:
+    s.edit(s.cand, lambda r: replace(r, status=Status.FAILED, tests=tuple(
+        replace(t, outcome="failed", message="expected efa") if "transport" in t.name else t for t in r.tests)))
+    s.policy = replace(POLICY, waivers=(Waiver("*", "test_transport.py::*", "aws-ofi-nccl#584", "", dt.date(2026, 11, 1),
+                                               1),))
+
+
+def r_no_candidate(s: Situation) -> None:
+    cand = s.cand
+    s.cells.remove(cand)
+    del s.results[cand.id]
+
+
+ROWS: list[tuple[Callable[[Situation], None], Decision, str]] = [
+    (r_clean, Decision.GO, ""),
+    (r_candidate_without_metrics, Decision.INCONCLUSIVE, "missing-metric"),
+    (r_gated_metric_missing_in_production, Decision.INCONCLUSIVE, "missing-metric"),
+    (r_partner_pruned, Decision.INCONCLUSIVE, "no-baseline"),
+    (r_partner_never_ran, Decision.INCONCLUSIVE, "no-baseline"),
+    (r_failed_without_failing_test, Decision.NO_GO, "failed-without-test"),
+    (r_numerics_nan, Decision.NO_GO, "numerics"),
+    (r_trajectory_cut_short, Decision.NO_GO, "numerics"),
+    (r_unreadable_results_line, Decision.INCONCLUSIVE, "bad-record"),
+    (r_unreadable_metrics_record, Decision.NO_GO, "cell-error"),
+    (r_required_cell_left_out_by_selection, Decision.INCONCLUSIVE, "not-run-here"),
+    (r_infra_error, Decision.INCONCLUSIVE, "cell-infra-error"),
+    (r_rollback_infra_error, Decision.INCONCLUSIVE, "rollback"),
+    (r_rollback_failed_without_test, Decision.NO_GO, "rollback"),
+    (r_rollback_cannot_read, Decision.NO_GO, "rollback"),
+    (r_rollback_no_crossversion_tests, Decision.GO, ""),
+    (r_baseline_failed, Decision.INCONCLUSIVE, "cell-timeout"),
+    (r_required_test_skipped, Decision.INCONCLUSIVE, "required-test-skipped"),
+    (r_required_test_missing, Decision.INCONCLUSIVE, "required-test-missing"),
+    (r_peak_memory_plus_20, Decision.NO_GO, "regression"),
+    (r_peak_memory_plus_4, Decision.GO, ""),
+    (r_perf_sample_nan, Decision.INCONCLUSIVE, "perf-inconclusive"),
+    (r_expired_waiver, Decision.NO_GO, "failed-test"),
+    (r_no_candidate, Decision.INCONCLUSIVE, "no-candidate"),
+]
+
+
+@pytest.mark.parametrize(("situation", "decision", "kind"), ROWS, ids=[r[0].__name__[2:] for r in ROWS])
+def test_truth_table(situation: Callable[[Situation], None], decision: Decision, kind: str) -> None:
+    rec = selftest.recorded("cuda")
+    s = Situation([rec.production, rec.candidate], dict(rec.results))
+    situation(s)
+    out = gate.decide(tuple(s.cells), tuple(s.not_here), s.results, s.policy, TODAY, tuple(s.problems))
+    assert out.verdict.decision is decision, [r.to_json() for r in out.verdict.reasons
+                                              if r.severity in (Severity.BLOCKING, Severity.INCONCLUSIVE)]
+    deciding = {Decision.NO_GO: Severity.BLOCKING, Decision.INCONCLUSIVE: Severity.INCONCLUSIVE}.get(decision)
+    if deciding is not None:
+        assert kind in {r.kind for r in out.verdict.reasons if r.severity is deciding}, out.verdict.reasons
+    else:
+        assert not [r for r in out.verdict.reasons if r.severity in (Severity.BLOCKING, Severity.INCONCLUSIVE)]
+
+
+@pytest.mark.parametrize("case", selftest.CASES, ids=[c.name for c in selftest.CASES])
+def test_every_selftest_case_is_a_row(case: selftest.Case) -> None:
+    ok, outcome = selftest.run_case(case, POLICY, TODAY)
+    assert ok, outcome.verdict.reasons
