@@ -61,7 +61,7 @@ def test_parity_fails_on_nan_and_short_trajectories() -> None:
     short = stats.parity(base, base[:2], rtol=1e-3, atol=0, steps=10)
     assert not short.within and not short.bitwise and short.problem == "candidate trajectory has 2 of 10 steps"
     assert stats.parity(base, base, rtol=0, atol=0, steps=10).bitwise
-    assert stats.parity(base[:5], base[:5] + [1.0], rtol=0, atol=0).within  # longer than production is fine
+    assert stats.parity(base[:5], [*base[:5], 1.0], rtol=0, atol=0).within  # longer than production is fine
 
 
 @pytest.mark.parametrize(("text", "message"), [
