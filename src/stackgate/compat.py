@@ -6,7 +6,7 @@ cell or a `compat check` always says why.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,15 @@ class CompatTable:
     forward_compat_min_driver: Driver
     forward_compat_source: str
     torch: dict[str, TorchRelease]
+    forward_compat_branches: dict[str, str] = field(default_factory=dict)  # driver major -> ltsb | pb | nfb
+
+    def branch_supports_forward_compat(self, driver: Driver) -> tuple[bool, str]:
+        kind = self.forward_compat_branches.get(str(driver.major))
+        if kind in ("ltsb", "pb"):
+            return True, f"R{driver.major} is a {'Long Term Support' if kind == 'ltsb' else 'Production'} Branch"
+        if kind == "nfb":
+            return False, f"R{driver.major} is a New Feature Branch: NVIDIA does not support forward compatibility on it"
+        return False, f"R{driver.major} is not a driver branch listed for forward compatibility in {self.path.name}"
 
     def driver_rule(self, cuda: Version) -> DriverRule | None:
         return self.drivers.get(f"{cuda.major}.{cuda.minor}") or self.drivers.get(str(cuda.major))
@@ -86,7 +95,15 @@ def load_compat(path: Path) -> CompatTable:
             source=tomlfile.get(doc, row, "source", str, "cuda", key, default=""),
         )
     fc = tomlfile.get(doc, doc.data, "forward_compat", dict, default={})
-    tomlfile.check_keys(doc, fc, ["gpu_classes", "min_driver", "source"], "forward_compat")
+    tomlfile.check_keys(doc, fc, ["gpu_classes", "min_driver", "source", "branches"], "forward_compat")
+    branches: dict[str, str] = {}
+    for branch, row in tomlfile.get(doc, fc, "branches", dict, "forward_compat", default={}).items():
+        tomlfile.check_keys(doc, row, ["kind", "end_of_life"], "forward_compat", "branches", branch)
+        kind = tomlfile.get(doc, row, "kind", str, "forward_compat", "branches", branch)
+        if kind not in ("ltsb", "pb", "nfb") or not branch.isdigit():
+            raise doc.error(f"branch {branch!r}: kind must be ltsb, pb or nfb (got {kind!r}) and the branch a driver "
+                            "major such as \"580\"", "forward_compat", "branches", branch)
+        branches[branch] = kind
     classes = tuple(
         _located(doc, lambda c=c: GpuClass(c),
             "forward_compat", "gpu_classes")
@@ -115,6 +132,7 @@ def load_compat(path: Path) -> CompatTable:
         forward_compat_min_driver=parse_driver(str(fc.get("min_driver", "535"))),
         forward_compat_source=str(fc.get("source", "")),
         torch=releases,
+        forward_compat_branches=branches,
     )
 
 
@@ -179,10 +197,12 @@ def check(
             outcomes.append(RuleOutcome("cuda-min-driver", True,
                                         f"CUDA {cuda_version} needs driver >= {rule.min_driver}; driver is {driver}"))
         else:
+            branch_ok, branch_why = table.branch_supports_forward_compat(driver)
             fc_ok = (
                 gpu_class in table.forward_compat_classes
                 and has_compat_package
                 and driver >= table.forward_compat_min_driver
+                and branch_ok
             )
             outcomes.append(RuleOutcome("cuda-min-driver", fc_ok,
                                         f"CUDA {cuda_version} needs driver >= {rule.min_driver}; driver is {driver}"
@@ -191,7 +211,7 @@ def check(
                 uses_fc = True
                 outcomes.append(RuleOutcome("forward-compat", True,
                                             f"{gpu_class.value} GPU with the cuda-compat package, driver >= "
-                                            f"{table.forward_compat_min_driver}"))
+                                            f"{table.forward_compat_min_driver}; {branch_why}"))
             else:
                 why = []
                 if gpu_class not in table.forward_compat_classes:
@@ -200,6 +220,8 @@ def check(
                     why.append("the image does not carry the cuda-compat package")
                 if driver < table.forward_compat_min_driver:
                     why.append(f"forward compatibility needs driver >= {table.forward_compat_min_driver}")
+                if not branch_ok:
+                    why.append(branch_why)
                 outcomes.append(RuleOutcome("forward-compat", False, "; ".join(why)))
     return Compatibility(ok=all(o.ok for o in outcomes), outcomes=tuple(outcomes), uses_forward_compat=uses_fc)
 

@@ -36,7 +36,8 @@ from stackgate.model import (
 from stackgate.versions import CudaVariant, Driver, parse_driver, parse_python, parse_torch
 
 _TOPOLOGY = re.compile(r"^(\d+)x(\d+)$")
-_DATACENTER = re.compile(r"\b(A100|A10G?|A30|A40|H100|H200|H20|B100|B200|GB200|L4|L40S?|T4|V100)\b", re.I)
+_DATACENTER = re.compile(r"\b(A100|A800|A10G?|A30|A40|H100|H800|H200|GH200|H20|B100|B200|B300|GB200|GB300|L4|L20|"
+                         r"L40S?|T4|V100)\b", re.I)
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -69,13 +70,29 @@ def test_cuda12_minor_version_compat_floor_and_118() -> None:
 
 
 def test_forward_compat_only_datacenter_with_compat_package() -> None:
-    old = parse_driver("550.54.14")
+    old = parse_driver("535.274.02")  # R535: a Long Term Support Branch
     assert _check(driver=old, has_compat_package=True).ok
     assert _check(driver=old, has_compat_package=True).uses_forward_compat
     consumer = _check(driver=old, has_compat_package=True, gpu_class=GpuClass.CONSUMER)
     assert not consumer.ok
     assert any("only for datacenter" in o.detail for o in consumer.failures)
     assert not _check(driver=old, has_compat_package=False).ok
+
+
+def test_forward_compat_only_on_ltsb_and_production_branches() -> None:
+    unlisted = _check(driver=parse_driver("550.54.14"), has_compat_package=True)
+    assert not unlisted.ok and any("R550 is not a driver branch listed" in o.detail for o in unlisted.failures)
+    nfb_table = replace(TABLE, forward_compat_branches={**TABLE.forward_compat_branches, "575": "nfb"})
+    nfb = compat.check(nfb_table, torch=parse_torch("2.14.1"), cuda=CudaVariant("cu130"), python="3.11",
+                       driver=parse_driver("575.51.03"), gpu_class=GpuClass.DATACENTER, has_compat_package=True)
+    assert not nfb.ok and any("New Feature Branch" in o.detail for o in nfb.failures)
+    assert TABLE.forward_compat_branches["580"] == "ltsb" and TABLE.forward_compat_branches["610"] == "nfb"
+
+
+@pytest.mark.parametrize("gpu", ["NVIDIA GH200 480GB", "NVIDIA B200", "NVIDIA B300", "NVIDIA GB200", "NVIDIA H200"])
+def test_new_datacenter_gpus_are_datacenter_class(gpu: str) -> None:
+    from stackgate import matrix
+    assert matrix.LocalHost(driver=parse_driver("580.65.06"), gpu=gpu, gpu_count=1).gpu_class is GpuClass.DATACENTER
 
 
 def test_torch_ships_only_some_variants_and_pythons() -> None:
