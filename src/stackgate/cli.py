@@ -170,7 +170,8 @@ def _matrix_show(args: argparse.Namespace) -> int:
     production = matrix.load_production(cfg / "production.toml")
     pools = matrix.load_pools(cfg / "fleet.toml", matrix.detect_local())
     wanted = [args.candidate] if args.candidate else list(spec.torch)
-    torches = [sources.resolve_nightly(spec.source, sources.read_pip_config(dict(os.environ))) if t == "nightly"
+    torches = [sources.resolve_nightly(spec.source, sources.read_pip_config(dict(os.environ)),
+                                       target=matrix.wheel_target(spec)) if t == "nightly"
                else parse_torch(t) for t in wanted]
     exp = matrix.select(matrix.expand(spec, pools, production, table, torch_versions=torches), args.only)
     if args.json:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import fnmatch
 import itertools
+import platform
 import re
 import shutil
 import subprocess
@@ -19,6 +20,7 @@ from typing import Any
 from packaging.version import Version
 
 from stackgate import compat as compat_mod
+from stackgate import sources as sources_mod
 from stackgate import tomlfile
 from stackgate.errors import ConfigError
 from stackgate.model import (
@@ -327,10 +329,12 @@ def expand(
     *,
     torch_versions: Sequence[Version],
     source: WheelSource | None = None,
+    production_source: WheelSource | None = None,
 ) -> Expansion:
     """Candidate cells over pools x torch x cuda x python x topology, pruned by the compat rules,
     plus one production cell per (pool, topology) that has a candidate."""
     source = source or spec.source
+    production_source = production_source or production_source_for(spec, source)
     for name in spec.pools:
         if name not in pools:
             raise spec.doc.error(f"unknown runner pool {name!r}", "matrix", "pools",
@@ -367,7 +371,7 @@ def expand(
         _admit(cell, table, spec.required, cells, pruned, resolved if isinstance(resolved, str) else None)
 
     for candidate in list(cells.values()):
-        stack = production.stack_for(candidate.pool, source)
+        stack = production.stack_for(candidate.pool, production_source)
         prod = Cell(stack=stack, pool=candidate.pool, topology=candidate.topology, role=Role.PRODUCTION)
         # a baseline is required exactly when a required candidate is compared with it
         partners_required = any(c.required for c in cells.values()
@@ -382,6 +386,20 @@ def expand(
         for c in ordered if not c.pool.is_local
     )
     return Expansion(cells=here, not_here=away, pruned=tuple(sorted(pruned.values(), key=lambda p: p.cell.id)))
+
+
+def production_source_for(spec: MatrixSpec, candidate_source: WheelSource) -> WheelSource:
+    """Production keeps its own wheel source: on the nightly channel it never inherits the nightly
+    index or pre-releases (it is a released stack), elsewhere it shares the matrix's source."""
+    if spec.channel == "nightly":
+        return WheelSource()
+    return candidate_source
+
+
+def wheel_target(spec: MatrixSpec) -> sources_mod.Target:
+    """What the matrix's wheels must be built for (for resolving `nightly`)."""
+    variants = {v.tag for v in (*spec.gpu_axes.cuda, *spec.cpu_axes.cuda)}
+    return sources_mod.Target(pythons=spec.python, variants=tuple(sorted(variants)), arch=platform.machine())
 
 
 def _admit(cell: Cell, table: compat_mod.CompatTable, required: Iterable[str], cells: dict[str, Cell],

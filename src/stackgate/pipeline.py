@@ -71,7 +71,7 @@ def load(opts: Options, env: Mapping[str, str], local: matrix.LocalHost) -> Load
     versions = []
     for text in wanted:
         if text == "nightly":
-            versions.append(sources.resolve_nightly(source, host_pip, opts.nightly_version))
+            versions.append(sources.resolve_nightly(source, host_pip, opts.nightly_version, matrix.wheel_target(spec)))
         else:
             versions.append(parse_torch(text, what="candidate torch version"))
     for v in versions:

@@ -84,14 +84,35 @@ def installer_args(source: WheelSource, host: PipConfig) -> list[str]:
     return args
 
 
-def local_torch_versions(source: WheelSource, host: PipConfig) -> list[Version]:
-    """torch versions offered by the source's local find-links directories and file:// indexes."""
-    found: set[Version] = set()
+@dataclass(frozen=True)
+class Target:
+    """What a wheel must be built for: the cells' Pythons, CUDA variants and CPU architecture."""
+
+    pythons: tuple[str, ...] = ("3.11",)
+    variants: tuple[str, ...] = ()  # cu130, cpu, ...; empty: any
+    arch: str = "x86_64"
+
+    def accepts(self, filename: str) -> bool:
+        try:
+            _, version, _, tags = parse_wheel_filename(filename)
+        except InvalidWheelFilename:
+            return False
+        local = str(version.local) if version.local else ""
+        if self.variants and local and local not in self.variants:
+            return False
+        interpreters = {f"cp{p.rstrip('t').replace('.', '')}" for p in self.pythons}
+        return any(tag.interpreter in interpreters and tag.platform.endswith(self.arch)
+                   and tag.platform.startswith(("manylinux", "linux")) for tag in tags)
+
+
+def _local_wheel_names(source: WheelSource, host: PipConfig) -> list[str]:
+    """torch wheel file names offered by the source's find-links directories and file:// indexes."""
+    names: list[str] = []
     dirs = list(source.find_links) + (list(host.find_links) if source.inherit_pip_config else [])
     for d in dirs:
         path = Path(d[7:] if d.startswith("file://") else d)
         if path.is_dir():
-            found.update(_versions_in_names(p.name for p in path.glob("torch-*.whl")))
+            names += [p.name for p in path.glob("torch-*.whl")]
     indexes = [source.index_url, *source.extra_index_urls]
     if source.inherit_pip_config:
         indexes += [host.index_url, *host.extra_index_urls]
@@ -99,29 +120,40 @@ def local_torch_versions(source: WheelSource, host: PipConfig) -> list[Version]:
         if url and url.startswith("file://"):
             page = Path(urllib.parse.urlparse(url).path) / "torch" / "index.html"
             if page.is_file():
-                found.update(_versions_in_names(re.findall(r">(torch-[^<]+\.whl)<", page.read_text(errors="replace"))))
+                names += re.findall(r">(torch-[^<]+\.whl)<", page.read_text(errors="replace"))
+    return names
+
+
+def local_torch_versions(source: WheelSource, host: PipConfig, target: Target | None = None) -> list[Version]:
+    """torch versions with a wheel for `target` (any target when None) in the source's local places."""
+    found: set[Version] = set()
+    for name in _local_wheel_names(source, host):
+        if target is not None and not target.accepts(name):
+            continue
+        try:
+            found.add(parse_wheel_filename(name)[1])
+        except InvalidWheelFilename:
+            continue
     return sorted(found)
 
 
-def _versions_in_names(names: object) -> set[Version]:
-    out: set[Version] = set()
-    for name in names:  # type: ignore[attr-defined]
-        try:
-            out.add(parse_wheel_filename(str(name))[1])
-        except InvalidWheelFilename:
-            continue
-    return out
-
-
-def resolve_nightly(source: WheelSource, host: PipConfig, explicit: str | None = None) -> Version:
-    """The newest `.dev` torch the source offers, or the explicit `--nightly-version`."""
+def resolve_nightly(source: WheelSource, host: PipConfig, explicit: str | None = None,
+                    target: Target | None = None) -> Version:
+    """The newest `.dev` torch the source offers for the target (Python tag, platform, CUDA
+    variant), or the explicit `--nightly-version`. A newer build for another Python or platform is
+    never picked."""
     if explicit:
         from stackgate.versions import parse_torch
         return parse_torch(explicit, what="nightly version")
-    devs = [v for v in local_torch_versions(source, host) if v.dev is not None]
+    target = target or Target()
+    devs = [v for v in local_torch_versions(source, host, target) if v.dev is not None]
     if not devs:
+        others = [v for v in local_torch_versions(source, host) if v.dev is not None]
         raise ConfigError(
-            "the nightly channel found no .dev torch build in the configured wheel source",
+            f"the nightly channel found no .dev torch build for Python {', '.join(target.pythons)} on "
+            f"{target.arch}" + (f" ({', '.join(target.variants)})" if target.variants else "")
+            + " in the configured wheel source"
+            + (f"; there are builds for other targets: {', '.join(str(v) for v in others[-3:])}" if others else ""),
             hint="pass --find-links DIR (a wheelhouse with torch-X.Y.Z.devYYYYMMDD wheels) or "
                  "--nightly-version 2.15.0.devYYYYMMDD with --index-url URL",
         )

@@ -125,13 +125,19 @@ def test_a_users_suite_gets_a_separate_platform_checks_invocation(tmp_path: Path
 def test_nightly_resolves_newest_dev_build_from_a_wheelhouse(tmp_path: Path) -> None:
     from stackgate.errors import ConfigError
     from stackgate.model import WheelSource
-    from stackgate.sources import PipConfig, installer_args, parse_pip_config, resolve_nightly
+    from stackgate.sources import PipConfig, Target, installer_args, parse_pip_config, resolve_nightly
     for name in ("torch-2.15.0.dev20261120+cu130-cp311-cp311-manylinux_2_28_x86_64.whl",
                  "torch-2.15.0.dev20261128+cu130-cp311-cp311-manylinux_2_28_x86_64.whl",
-                 "torch-2.14.1-cp311-cp311-manylinux_2_28_x86_64.whl", "not-a-wheel.txt"):
+                 "torch-2.14.1-cp311-cp311-manylinux_2_28_x86_64.whl", "not-a-wheel.txt",
+                 # newer, but for another Python and platform, or another CUDA variant: never picked
+                 "torch-2.15.0.dev20261130+cu130-cp313-cp313-manylinux_2_28_aarch64.whl",
+                 "torch-2.15.0.dev20261129+cu126-cp311-cp311-manylinux_2_28_x86_64.whl"):
         (tmp_path / name).write_bytes(b"")
     source = WheelSource(find_links=(str(tmp_path),), inherit_pip_config=False, pre=True)
-    assert str(resolve_nightly(source, PipConfig())) == "2.15.0.dev20261128+cu130"
+    target = Target(pythons=("3.11",), variants=("cu130",), arch="x86_64")
+    assert str(resolve_nightly(source, PipConfig(), target=target)) == "2.15.0.dev20261128+cu130"
+    with pytest.raises(ConfigError, match="for Python 3.12 on x86_64"):
+        resolve_nightly(source, PipConfig(), target=Target(pythons=("3.12",), variants=("cu130",)))
     assert str(resolve_nightly(source, PipConfig(), "2.15.0.dev20261101")) == "2.15.0.dev20261101"
     with pytest.raises(ConfigError, match=r"no \.dev torch build"):
         resolve_nightly(WheelSource(inherit_pip_config=False), PipConfig())
@@ -142,3 +148,18 @@ def test_nightly_resolves_newest_dev_build_from_a_wheelhouse(tmp_path: Path) -> 
     args = installer_args(source, host)
     assert "--prerelease" in args and "/opt/wheels" not in args
     assert "/opt/wheels" in installer_args(WheelSource(), host)
+
+
+def test_production_keeps_its_own_source_on_the_nightly_channel() -> None:
+    from stackgate import compat, matrix
+    from stackgate.bundled import MATRIX_DIR
+    from stackgate.versions import parse_torch
+    spec = matrix.load_matrix(MATRIX_DIR / "nightly.toml")
+    exp = matrix.expand(spec, matrix.load_pools(MATRIX_DIR / "fleet.toml", matrix.LocalHost()),
+                        matrix.load_production(MATRIX_DIR / "production.toml"),
+                        compat.load_compat(MATRIX_DIR / "compat.toml"),
+                        torch_versions=[parse_torch("2.15.0.dev20261128+cu130")])
+    prod = next(c for c in exp.cells if c.role.value == "production")
+    cand = next(c for c in exp.cells if c.role.value == "candidate")
+    assert cand.stack.source.pre and cand.stack.source.index_url == spec.source.index_url
+    assert not prod.stack.source.pre and prod.stack.source.index_url is None  # the host's stable configuration
