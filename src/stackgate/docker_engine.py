@@ -163,8 +163,12 @@ class DockerEngine:
         try:
             yield net
         finally:
-            with contextlib.suppress(Exception):
-                net.remove()
+            for _ in range(5):  # an interrupt can leave the engine a moment behind the removed containers
+                try:
+                    net.remove()
+                    break
+                except Exception:
+                    time.sleep(0.5)
 
     def run_group(self, specs: Sequence[ContainerSpec], *, network: str | None, timeout_s: float,
                   on_line: Printer | None) -> list[ContainerExit]:
@@ -173,22 +177,27 @@ class DockerEngine:
         start = time.monotonic()
         try:
             with self._network(network):
-                for spec in specs:
-                    kwargs = container_kwargs(spec, network)
-                    containers.append(self.client.containers.run(spec.image, **kwargs))
-                if on_line and containers:
-                    threading.Thread(target=_follow, args=(containers[0], on_line), daemon=True).start()
-                timed_out = _wait_all(containers, timeout_s)
-                exits = []
-                for c in containers:
-                    c.reload()
-                    state = c.attrs.get("State", {})
-                    log = c.logs(stdout=True, stderr=True).decode(errors="replace")
-                    exits.append(ContainerExit(
-                        name=c.name, exit_code=state.get("ExitCode") if not timed_out else None,
-                        oom_killed=bool(state.get("OOMKilled")), timed_out=timed_out, log=log,
-                        duration_s=time.monotonic() - start))
-                return exits
+                try:
+                    for spec in specs:
+                        kwargs = container_kwargs(spec, network)
+                        containers.append(self.client.containers.run(spec.image, **kwargs))
+                    if on_line and containers:
+                        threading.Thread(target=_follow, args=(containers[0], on_line), daemon=True).start()
+                    timed_out = _wait_all(containers, timeout_s)
+                    exits = []
+                    for c in containers:
+                        c.reload()
+                        state = c.attrs.get("State", {})
+                        log = c.logs(stdout=True, stderr=True).decode(errors="replace")
+                        exits.append(ContainerExit(
+                            name=c.name, exit_code=state.get("ExitCode") if not timed_out else None,
+                            oom_killed=bool(state.get("OOMKilled")), timed_out=timed_out, log=log,
+                            duration_s=time.monotonic() - start))
+                    return exits
+                finally:  # containers first: a network with containers attached cannot be removed
+                    for c in containers:
+                        with contextlib.suppress(Exception):
+                            c.remove(force=True)
         except docker.errors.ImageNotFound as exc:
             raise InfraError(f"image missing: {exc}") from None
         except docker.errors.APIError as exc:
@@ -197,10 +206,6 @@ class DockerEngine:
             if exc.__class__.__module__.startswith(("requests", "urllib3")):
                 raise InfraError(f"lost the Docker engine: {exc}") from None
             raise
-        finally:
-            for c in containers:
-                with contextlib.suppress(Exception):
-                    c.remove(force=True)
 
 
 def container_kwargs(spec: ContainerSpec, network: str | None) -> dict[str, Any]:

@@ -71,8 +71,8 @@ def decide(cells: Sequence[Cell], not_here: Sequence[NotHere], results: Mapping[
     production partner either gives a decision or an INCONCLUSIVE reason naming what is missing.
     `problems` are results lines that could not be read: each makes the verdict INCONCLUSIVE."""
     reasons: list[Reason] = [Reason(Severity.INCONCLUSIVE, problem, kind="bad-record") for problem in problems]
-    by_key: dict[tuple[str, str], Cell] = {c.comparison_key: c for c in cells if c.role is Role.PRODUCTION}
-    required = {c.id for c in cells if c.required or _matches(c.id, policy.required_cells)}
+    by_id: dict[str, Cell] = {c.id: c for c in cells}
+    required = {c.id for c in cells if c.required}  # resolved once (matrix globs and policy) before the gate
     candidates = [c for c in cells if c.role is Role.CANDIDATE]
     if not candidates:
         reasons.append(Reason(Severity.INCONCLUSIVE, "no candidate cell ran here", kind="no-candidate"))
@@ -86,11 +86,9 @@ def decide(cells: Sequence[Cell], not_here: Sequence[NotHere], results: Mapping[
                                       cell=cell.id, kind="missing-result"))
             continue
         reasons += _cell_reasons(cell, result, is_required, policy)
-        reasons += _rollback_reasons(cell, results.get(cell.result_id("rollback")))
 
     for away in not_here:
-        required_away = away.cell.required or _matches(away.cell.id, policy.required_cells)
-        reasons.append(Reason(Severity.INCONCLUSIVE if required_away else Severity.INFO,
+        reasons.append(Reason(Severity.INCONCLUSIVE if away.cell.required else Severity.INFO,
                               f"not run here: {away.reason}", cell=away.cell.id, kind="not-run-here"))
 
     comparisons: list[MetricComparison] = []
@@ -101,7 +99,9 @@ def decide(cells: Sequence[Cell], not_here: Sequence[NotHere], results: Mapping[
         if cres is None:
             continue  # reported above when required
         missing = Severity.INCONCLUSIVE if cand.id in required else Severity.INFO
-        base = by_key.get(cand.comparison_key)
+        base = by_id.get(cand.baseline)
+        if base is not None:
+            reasons += _rollback_reasons(cand, results.get(base.result_id("rollback", cand)))
         if base is None:
             reasons.append(Reason(missing, "no production baseline to compare with (its cell was pruned or not "
                                   "selected)", cell=cand.id, kind="no-baseline"))
@@ -150,6 +150,7 @@ def _first_line(text: str) -> str:
 
 
 def _rollback_reasons(cell: Cell, rollback: CellResult | None) -> list[Reason]:
+    """Production reading what this candidate wrote; the reasons name the candidate."""
     if rollback is None:
         return []
     out = []

@@ -24,6 +24,7 @@ from stackgate.bundled import DOCKERFILE_TEMPLATE
 from stackgate.docker_engine import Engine
 from stackgate.errors import InfraError
 from stackgate.model import Stack
+from stackgate.resolve import is_network_failure
 from stackgate.sources import PipConfig, pip_command
 
 TEMPLATE = DOCKERFILE_TEMPLATE
@@ -37,6 +38,14 @@ def platforms(glibc: tuple[int, int] = TARGET_GLIBC, arch: str = "x86_64") -> tu
     major, minor = glibc
     tags = [f"manylinux_{major}_{m}_{arch}" for m in range(minor, 16, -1)]
     return (*tags, f"manylinux2014_{arch}", f"manylinux2010_{arch}", f"manylinux1_{arch}")
+
+
+class WheelhouseFailed(Exception):
+    """The wheels of a stack could not be downloaded for a reason other than the network."""
+
+    def __init__(self, message: str, log_tail: str) -> None:
+        super().__init__(message)
+        self.log_tail = log_tail
 
 
 @dataclass(frozen=True)
@@ -118,7 +127,11 @@ def _wheelhouse_locked(path: Path, requirements: Sequence[str], index_args: Sequ
     result = proc.run(argv, env=env, timeout_s=3600, log_path=log_path)
     if not result.ok:
         shutil.rmtree(staging, ignore_errors=True)
-        raise InfraError(f"resolving wheels for {' '.join(requirements)} failed", hint=result.tail[-1500:])
+        if is_network_failure(result.tail):  # the same classification as the venv backend's installs
+            raise InfraError(f"downloading wheels for {' '.join(requirements)} failed: an index could not be reached",
+                             hint=result.tail[-1500:])
+        raise WheelhouseFailed(f"downloading wheels for {' '.join(requirements)} failed (exit {result.returncode})",
+                               result.tail)
     wheels = tuple(sorted((Wheel(p.name, _sha256(p)) for p in staging.glob("*.whl")), key=lambda w: w.filename))
     (staging / "wheels.json").write_text(json.dumps([w.__dict__ for w in wheels], indent=1))
     shutil.rmtree(path, ignore_errors=True)

@@ -377,6 +377,8 @@ def expand(
         partners_required = any(c.required for c in cells.values()
                                 if c.role is Role.CANDIDATE and c.comparison_key == prod.comparison_key)
         _admit(prod, table, ("*",) if partners_required else (), cells, pruned, None)
+        if prod.id in cells:  # the pair is computed here, once; a pruned baseline leaves it empty
+            cells[candidate.id] = replace(cells[candidate.id], baseline=prod.id)
 
     ordered = sorted(cells.values(), key=lambda c: (c.pool.name, str(c.topology), c.role is Role.CANDIDATE, c.id))
     here = tuple(c for c in ordered if c.pool.is_local)
@@ -421,6 +423,26 @@ def _admit(cell: Cell, table: compat_mod.CompatTable, required: Iterable[str], c
 
 # -------------------------------------------------------------------------------------------- select
 
+def require(expansion: Expansion, globs: Sequence[str]) -> Expansion:
+    """Mark the cells the policy requires (`[required] cells` globs), once, so that the gate and the
+    report agree on what "required" means. A required candidate's baseline is required too."""
+    if not globs:
+        return expansion
+
+    def mark(cells: Sequence[Cell]) -> dict[str, Cell]:
+        out = {c.id: replace(c, required=True) if any(fnmatch.fnmatchcase(c.id, g) for g in globs) else c
+               for c in cells}
+        for c in list(out.values()):
+            if c.required and c.baseline in out:
+                out[c.baseline] = replace(out[c.baseline], required=True)
+        return out
+
+    here = mark(expansion.cells)
+    away = mark([n.cell for n in expansion.not_here])
+    return replace(expansion, cells=tuple(here[c.id] for c in expansion.cells),
+                   not_here=tuple(replace(n, cell=away[n.cell.id]) for n in expansion.not_here))
+
+
 def select(expansion: Expansion, only: Sequence[str] = (), shard: tuple[int, int] | None = None) -> Expansion:
     """Keep cells whose id matches any `--only` glob, then this shard (index, count) of them.
 
@@ -431,10 +453,9 @@ def select(expansion: Expansion, only: Sequence[str] = (), shard: tuple[int, int
 
     all_here = expansion.cells
     chosen = [c for c in expansion.cells if keep(c)]
-    partners = {c.comparison_key for c in chosen if c.role is Role.CANDIDATE}
+    partners = {c.baseline for c in chosen if c.role is Role.CANDIDATE}
     chosen_ids = {c.id for c in chosen}
-    chosen += [c for c in expansion.cells
-               if c.role is Role.PRODUCTION and c.comparison_key in partners and c.id not in chosen_ids]
+    chosen += [c for c in expansion.cells if c.id in partners and c.id not in chosen_ids]
     if shard is not None:
         index, count = shard
         groups = sorted({c.comparison_key for c in chosen})

@@ -144,15 +144,19 @@ class Cell:
     topology: Topology
     role: Role
     required: bool = False
+    baseline: str = ""  # a candidate's production partner (cell id), set once when the matrix is expanded
 
     @property
     def id(self) -> str:
         prefix = "prod-" if self.role is Role.PRODUCTION else ""
         return f"{prefix}{self.pool.name}-{self.pool.tag}-{self.stack.label}-{self.topology}"
 
-    def result_id(self, phase: str = "main") -> str:
-        """The id of this cell's result in a phase: `<id>` for the main run, `<id>@rollback` etc."""
-        return self.id if phase == "main" else f"{self.id}@{phase}"
+    def result_id(self, phase: str = "main", against: Cell | None = None) -> str:
+        """The id of this cell's result in a phase: `<id>` for the main run; a production cell's
+        rollback against one candidate is `<id>@rollback-<candidate stack label>`."""
+        if phase == "main":
+            return self.id
+        return f"{self.id}@{phase}" + (f"-{against.stack.label}" if against is not None else "")
 
     @property
     def device(self) -> str:
@@ -178,6 +182,7 @@ class Cell:
             "id": self.id,
             "role": self.role.value,
             "required": self.required,
+            "baseline": self.baseline,
             "pool": self.pool.name,
             "driver": str(self.pool.driver) if self.pool.driver else None,
             "gpu_class": self.pool.gpu_class.value,
@@ -225,21 +230,34 @@ class Status(str, enum.Enum):
     NOT_RUN_HERE = "not-run-here"
 
 
+class Outcome(str, enum.Enum):
+    """A test's outcome (from JUnit); a str enum, so it compares equal to its value."""
+
+    __test__ = False
+
+    PASSED = "passed"
+    FAILED = "failed"
+    ERROR = "error"
+    SKIPPED = "skipped"
+
+
 @dataclass(frozen=True)
 class TestOutcome:
     __test__ = False  # not a pytest test class
 
     name: str
-    outcome: str  # passed | failed | error | skipped
+    outcome: Outcome
     duration_s: float = 0.0
     message: str = ""
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "outcome": self.outcome, "duration_s": self.duration_s, "message": self.message}
+        return {"name": self.name, "outcome": Outcome(self.outcome).value, "duration_s": self.duration_s,
+                "message": self.message}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> TestOutcome:
-        return cls(data["name"], data["outcome"], float(data.get("duration_s", 0.0)), data.get("message", ""))
+        return cls(str(data["name"]), Outcome(data["outcome"]), float(data.get("duration_s", 0.0)),
+                   str(data.get("message", "")))
 
 
 @dataclass(frozen=True)
@@ -298,6 +316,8 @@ class CellResult:
     log_tail: str = ""
     duration_s: float = 0.0
     cell: dict[str, Any] = field(default_factory=dict)
+    phase: str = "main"  # main | rollback
+    against: str = ""  # rollback: the candidate cell whose artifacts production read
 
     def test(self, name: str) -> TestOutcome | None:
         for outcome in self.tests:
@@ -318,6 +338,8 @@ class CellResult:
             "environment": self.environment,
             "warnings": list(self.warnings),
             "log_tail": self.log_tail,
+            "phase": self.phase,
+            "against": self.against,
         }
 
     @classmethod
@@ -334,6 +356,8 @@ class CellResult:
             log_tail=data.get("log_tail", ""),
             duration_s=float(data.get("duration_s", 0.0)),
             cell=data.get("cell", {}),
+            phase=str(data.get("phase") or (data.get("cell") or {}).get("phase") or "main"),
+            against=str(data.get("against", "")),
         )
 
 

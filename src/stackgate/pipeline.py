@@ -8,6 +8,7 @@ import hashlib
 import json
 import re
 import secrets
+import shutil
 import signal
 import sqlite3
 import threading
@@ -19,7 +20,7 @@ from pathlib import Path
 from packaging.version import Version
 
 from stackgate import compat as compat_mod
-from stackgate import gate, history, images, matrix, proc, results, sources
+from stackgate import gate, history, images, matrix, proc, resolve, results, sources
 from stackgate.backends.base import Backend, EnvHandle, PrepareFailed, RunContext
 from stackgate.bundled import BUNDLED_SUITE
 from stackgate.console import Console
@@ -148,6 +149,7 @@ def run(opts: Options, env: Mapping[str, str], say: Printer | None = None) -> in
     loaded = load(opts, env, local)
     expansion = matrix.expand(loaded.spec, loaded.pools, loaded.production, loaded.table,
                               torch_versions=loaded.torch, source=loaded.source)
+    expansion = matrix.require(expansion, loaded.policy.required_cells)
     chosen = matrix.select(expansion, opts.only, parse_shard(opts.shard))
     if not chosen.cells:
         away = "; ".join(f"{n.cell.id}: {n.reason}" for n in chosen.not_here[:3])
@@ -156,6 +158,8 @@ def run(opts: Options, env: Mapping[str, str], say: Printer | None = None) -> in
                           hint=(f"not run here: {away}" if away else "check --only and the matrix axes")
                           + f"; pruned: {len(chosen.pruned)}")
 
+    say(f"resolving the requirements of {len(plan_envs(chosen.cells))} stack(s)")
+    resolutions = resolve.resolve_all([p.stack for p in plan_envs(chosen.cells)], loaded.table, loaded.host_pip, env)
     backend = make_backend(opts, loaded, env, say)
     if opts.resume:
         run_dir = results.resume_dir(opts.reports, opts.resume)
@@ -192,7 +196,7 @@ def run(opts: Options, env: Mapping[str, str], say: Printer | None = None) -> in
     ctx = RunContext(run_id=run_id, run_dir=run_dir, suite=suite, on_line=progress.line)
     interrupted: KeyboardInterrupt | None = None
     try:
-        _run_cells(backend, chosen.cells, ctx, done, opts, progress, console)
+        _run_cells(backend, chosen.cells, ctx, done, opts, progress, console, resolutions)
     except KeyboardInterrupt as exc:
         interrupted = exc
         stopped = proc.stop_all()
@@ -340,18 +344,32 @@ def write_reports(report: RunReport, run_dir: Path, code: int, step_summary: str
     html_report.write(report, run_dir / "report.html")
 
 
+class InfraProblem(Exception):
+    """An environment could not be prepared because the machinery failed (an index out of reach, the
+    engine gone): its cells are infra errors, never a verdict on the stack."""
+
+
+Handle = EnvHandle | PrepareFailed | InfraProblem
+
+
 def _run_cells(backend: Backend, cells: tuple[Cell, ...], ctx: RunContext, done: Mapping[str, CellResult],
-               opts: Options, progress: Progress, console: Console) -> None:
+               opts: Options, progress: Progress, console: Console,
+               resolutions: Mapping[str, resolve.Resolution] | None = None) -> None:
     say = console.say
-    handles: dict[str, EnvHandle | PrepareFailed] = {}
+    handles: dict[str, Handle] = {}
     plans = {p.stack.content_hash: p for p in plan_envs(cells)}
     log_dir = ctx.run_dir / "build"
     log_dir.mkdir(exist_ok=True)
 
-    def handle_for(cell: Cell) -> EnvHandle | PrepareFailed:
+    def handle_for(cell: Cell) -> Handle:
         key = cell.stack.content_hash
         if key not in handles:
             plan = plans[key]
+            resolution = (resolutions or {}).get(key)
+            if resolution is not None and not resolution.ok:
+                say(f"  {plan.stack.label}: infrastructure problem: {resolution.problem}")
+                handles[key] = InfraProblem(resolution.problem)
+                return handles[key]
             say(f"prepare {backend.name} env for {plan.stack.label} ({len(plan.cells)} cell(s))")
             try:
                 with console.step(f"prepare {plan.stack.label}"):
@@ -361,50 +379,85 @@ def _run_cells(backend: Backend, cells: tuple[Cell, ...], ctx: RunContext, done:
             except PrepareFailed as exc:
                 say(f"  FAILED: {exc}")
                 handles[key] = exc
+            except InfraError as exc:  # both backends: the machinery, not the stack
+                say(f"  infrastructure problem: {exc}")
+                handles[key] = InfraProblem(str(exc) + (f" ({exc.hint})" if exc.hint else ""))
         return handles[key]
 
     ordered = run_order(cells)
+    by_id = {c.id: c for c in cells}
     for cell in ordered:
         if cell.id in done and done[cell.id].status is not Status.INFRA_ERROR:
             say(f"skip {cell.id}: finished in the resumed run ({done[cell.id].status.value})")
             continue
         handle = handle_for(cell)
         with console.step(f"run {cell.id}"):
-            result = _run_one(backend, cell, handle, ctx, progress, say, "main")
+            result = _run_one(backend, cell, handle, _phase_ctx(ctx, cell, by_id), progress, say)
         results.append(ctx.run_dir, result)
     finished = results.read(ctx.run_dir)
     if not opts.rollback:
         return
-    # rollback only where a candidate ran its suite (and so wrote artifacts for production to read)
-    candidate_ran = {c.comparison_key for c in ordered if c.role is Role.CANDIDATE
-                     and c.id in finished and finished[c.id].status in (Status.PASSED, Status.FAILED)}
-    for cell in ordered:
-        if cell.role is not Role.PRODUCTION or cell.comparison_key not in candidate_ran:
+    # rollback per candidate that ran its suite (and so wrote artifacts): its production partner reads them
+    for cand in ordered:
+        base = by_id.get(cand.baseline)
+        ran = finished.get(cand.id)
+        if cand.role is not Role.CANDIDATE or base is None or ran is None or \
+                ran.status not in (Status.PASSED, Status.FAILED):
             continue
-        earlier = finished.get(cell.result_id("rollback"))
+        earlier = finished.get(base.result_id("rollback", cand))
         if earlier is not None and earlier.status is not Status.INFRA_ERROR:  # infra errors are retried
             continue
-        handle = handle_for(cell)
-        if isinstance(handle, PrepareFailed):
+        handle = handle_for(base)
+        if isinstance(handle, (PrepareFailed, InfraProblem)):
             continue
-        with console.step(f"run {cell.result_id('rollback')}"):
-            result = _run_one(backend, cell, handle, ctx, progress, say, "rollback")
+        rollback = replace(ctx, phase="rollback", against=cand, artifacts=artifacts_dir(ctx.run_dir, cand))
+        with console.step(f"run {base.result_id('rollback', cand)}"):
+            result = _run_one(backend, base, handle, rollback, progress, say)
         results.append(ctx.run_dir, result)
 
 
-def _run_one(backend: Backend, cell: Cell, handle: EnvHandle | PrepareFailed, ctx: RunContext, progress: Progress,
-             say: Printer, phase: str) -> CellResult:
-    label = cell.result_id(phase)
+def artifacts_dir(run_dir: Path, cell: Cell) -> Path:
+    """Cross-version artifacts, one directory per candidate stack: production's main run writes
+    `<pool>-<topology>/production-main/production/`; each candidate gets `<pool>-<topology>/<label>/`
+    with a copy of production's artifacts to read and its own `candidate/` to write; that
+    candidate's rollback (production reading it) uses the same directory."""
+    pool, topo = cell.comparison_key
+    group = run_dir / "artifacts" / f"{pool}-{topo}"
+    if cell.role is Role.PRODUCTION:
+        return group / "production-main"
+    return group / cell.stack.label
+
+
+def _phase_ctx(ctx: RunContext, cell: Cell, by_id: Mapping[str, Cell]) -> RunContext:
+    """The main-phase context of a cell, with its artifacts directory ready."""
+    target = artifacts_dir(ctx.run_dir, cell)
+    target.mkdir(parents=True, exist_ok=True)
+    base = by_id.get(cell.baseline)
+    if cell.role is Role.CANDIDATE and base is not None:
+        written = artifacts_dir(ctx.run_dir, base) / "production"
+        if written.is_dir():
+            shutil.copytree(written, target / "production", dirs_exist_ok=True)
+    return replace(ctx, phase="main", against=None, artifacts=target)
+
+
+def _run_one(backend: Backend, cell: Cell, handle: Handle, ctx: RunContext, progress: Progress,
+             say: Printer) -> CellResult:
+    label = ctx.result_id(cell)
+
+    def did_not_run(status: Status, reason: str, log_tail: str = "") -> CellResult:
+        return CellResult(cell_id=label, role=cell.role, status=status, reason=reason, log_tail=log_tail,
+                          cell=cell.to_json(), phase=ctx.phase, against=ctx.against.id if ctx.against else "")
+
+    if isinstance(handle, InfraProblem):
+        return did_not_run(Status.INFRA_ERROR, str(handle))
     if isinstance(handle, PrepareFailed):
-        return CellResult(cell_id=label, role=cell.role, status=Status.BUILD_FAILED, reason=str(handle),
-                          log_tail=handle.log_tail, cell=cell.to_json())
+        return did_not_run(Status.BUILD_FAILED, str(handle), handle.log_tail)
     say(f"run {label}")
     progress.begin(label)
     try:
-        result = backend.run(cell, handle, ctx, phase)
+        result = backend.run(cell, handle, ctx)
     except InfraError as exc:
-        result = CellResult(cell_id=label, role=cell.role, status=Status.INFRA_ERROR, reason=str(exc),
-                            cell=cell.to_json())
+        result = did_not_run(Status.INFRA_ERROR, str(exc))
     result = replace(result, environment={**result.environment, "env_reused": handle.reused,
                                           "env_prepare_s": round(handle.prepare_s, 1)})
     say(f"  {label}: {result.status.value} in {result.duration_s:.0f}s {result.reason[:200]}")

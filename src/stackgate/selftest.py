@@ -25,6 +25,7 @@ from stackgate.model import (
     CellResult,
     GpuClass,
     Metric,
+    Outcome,
     Role,
     RunnerPool,
     Stack,
@@ -95,7 +96,8 @@ def recorded(device: str = "cpu") -> Recorded:
     cand_r = next(r for r in main if r.role is Role.CANDIDATE)
     nproc = int(str(cand_r.cell["topology"]).split("x")[1])
     pool = _pool(device, nproc)
-    prod, cand = _cell(prod_r, pool), _cell(cand_r, pool)
+    prod = _cell(prod_r, pool)
+    cand = replace(_cell(cand_r, pool), baseline=prod.id)
     if device == "cuda":
         prod_r = replace(prod_r, metrics=tuple(_gpu_spread(m) for m in prod_r.metrics))
     base = {m.key: m for m in prod_r.metrics}
@@ -103,8 +105,9 @@ def recorded(device: str = "cpu") -> Recorded:
     results = {prod.id: replace(prod_r, cell_id=prod.id, cell=prod.to_json()),
                cand.id: replace(cand_r, cell_id=cand.id, metrics=cand_metrics, cell=cand.to_json())}
     for r in rows:
-        if r.cell.get("phase") == "rollback":
-            results[prod.result_id("rollback")] = replace(r, cell_id=prod.result_id("rollback"))
+        if r.phase == "rollback":
+            rid = prod.result_id("rollback", cand)
+            results[rid] = replace(r, cell_id=rid, against=cand.id)
     return Recorded(prod, cand, results)
 
 
@@ -114,7 +117,7 @@ def _with_metric(result: CellResult, name: str, change: Callable[[Metric], Metri
 
 def _fail_test(result: CellResult, name: str, message: str) -> CellResult:
     return replace(result, status=Status.FAILED, reason=f"1 test(s) failed: {name}",
-                   tests=tuple(TestOutcome(t.name, "failed", t.duration_s, message) if t.name == name else t
+                   tests=tuple(TestOutcome(t.name, Outcome.FAILED, t.duration_s, message) if t.name == name else t
                                for t in result.tests))
 
 

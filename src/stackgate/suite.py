@@ -12,11 +12,14 @@ import xml.etree.ElementTree as ET
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stackgate.bundled import BUNDLED_SUITE
-from stackgate.model import Cell, CellResult, Metric, Status, TestOutcome
+from stackgate.model import Cell, CellResult, Metric, Outcome, Status, TestOutcome
 from stackgate.proc import ProcResult
+
+if TYPE_CHECKING:
+    from stackgate.backends.base import RunContext
 
 _OOM = re.compile(r"(OOMKilled|^Killed$|OutOfMemoryError|CUDA out of memory|std::bad_alloc|MemoryError)")
 
@@ -111,7 +114,7 @@ def parse_junit(paths: list[Path]) -> tuple[TestOutcome, ...]:
                     outcome = {"failure": "failed", "error": "error", "skipped": "skipped"}[tag]
                     message = (node.get("message") or "") + ("\n" + node.text if node.text and tag != "skipped" else "")
                     break
-            current = TestOutcome(name, outcome, float(case.get("time") or 0.0), message.strip()[-4000:])
+            current = TestOutcome(name, Outcome(outcome), float(case.get("time") or 0.0), message.strip()[-4000:])
             previous = merged.get(name)
             if previous is None or rank[outcome] > rank[previous.outcome]:
                 merged[name] = current
@@ -195,7 +198,8 @@ def classify(procs: list[ProcResult], tests: tuple[TestOutcome, ...], phase: str
 
 
 def build_result(cell: Cell, procs: list[ProcResult], workdir: Path, duration_s: float,
-                 phase: str = "main", extra_env: Mapping[str, Any] | None = None) -> CellResult:
+                 ctx: RunContext | None = None, extra_env: Mapping[str, Any] | None = None) -> CellResult:
+    phase = ctx.phase if ctx is not None else "main"
     tests = parse_junit(sorted(workdir.glob("junit-node*.xml")))
     records = parse_records(sorted(workdir.glob("results-node*.jsonl")))
     status, reason = classify(procs, tests, phase)
@@ -210,7 +214,7 @@ def build_result(cell: Cell, procs: list[ProcResult], workdir: Path, duration_s:
     if status is not Status.PASSED:
         tail = "\n".join(f"===== node {i} =====\n{p.tail}" for i, p in enumerate(procs))
     return CellResult(
-        cell_id=cell.result_id(phase),
+        cell_id=ctx.result_id(cell) if ctx is not None else cell.id,
         role=cell.role,
         status=status,
         reason=reason,
@@ -221,4 +225,6 @@ def build_result(cell: Cell, procs: list[ProcResult], workdir: Path, duration_s:
         log_tail=tail[-20000:],
         duration_s=duration_s,
         cell={**cell.to_json(), "phase": phase},
+        phase=phase,
+        against=ctx.against.id if ctx is not None and ctx.against is not None else "",
     )

@@ -149,3 +149,12 @@ def test_upgrade_torch_with_docker_builds_both_images_then_rebuilds_nothing(engi
     from tests.torch.test_end_to_end import check_upgrade_run
     cache = Path(os.environ.get("STACKGATE_CACHE_DIR", Path.home() / ".cache" / "stackgate"))
     check_upgrade_run(tmp_path, cache, "docker")
+
+
+def test_sigterm_mid_cell_removes_containers_and_networks_and_resume_finishes(engine: object, tmp_path: Path) -> None:
+    """Issue 9's cancellation test with the Docker backend: no container or network is left behind."""
+    import os
+
+    from tests.torch.test_interrupt import check_cancel_and_resume
+    cache = Path(os.environ.get("STACKGATE_CACHE_DIR", Path.home() / ".cache" / "stackgate"))
+    check_cancel_and_resume(tmp_path, cache, "docker")

@@ -28,14 +28,28 @@ def processes_of_run(run_id: str) -> list[str]:
     return found
 
 
-def _stackgate(args: list[str], cwd: Path, cache_dir: Path) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "stackgate", "run", "--backend", "venv", "--profile", "quick",
+def docker_leftovers() -> list[str]:
+    """stackgate's containers and networks (named sg-*) still present."""
+    found = []
+    for what, field in ((["ps", "-a"], "{{.Names}}"), (["network", "ls"], "{{.Name}}")):
+        listing = subprocess.run(["docker", *what, "--filter", "name=sg-", "--format", field],
+                                 capture_output=True, text=True, check=True)
+        found += listing.stdout.split()
+    return found
+
+
+def _stackgate(args: list[str], cwd: Path, cache_dir: Path, backend: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "stackgate", "run", "--backend", backend, "--profile", "quick",
                              "--cache-dir", str(cache_dir), *SELECT, *args],
                             cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
 def test_sigterm_mid_cell_cleans_up_reports_and_resume_finishes(tmp_path: Path, cache_dir: Path) -> None:
-    run = _stackgate(["--run-id", "cancel"], tmp_path, cache_dir)
+    check_cancel_and_resume(tmp_path, cache_dir, "venv")
+
+
+def check_cancel_and_resume(tmp_path: Path, cache_dir: Path, backend: str) -> None:
+    run = _stackgate(["--run-id", "cancel"], tmp_path, cache_dir, backend)
     assert run.stdout is not None
     seen: list[str] = []
     deadline = time.monotonic() + 600
@@ -44,11 +58,11 @@ def test_sigterm_mid_cell_cleans_up_reports_and_resume_finishes(tmp_path: Path, 
         seen.append(line)
         if line.startswith("run local-cpu-cu130"):
             started_second = True
-        if started_second and processes_of_run("cancel") and "PASSED" in line:
+        if started_second and "PASSED" in line and (backend == "docker" or processes_of_run("cancel")):
             break
         assert time.monotonic() < deadline, "".join(seen[-30:])
     assert started_second, "".join(seen[-30:])
-    assert processes_of_run("cancel"), "the cell should be running"
+    assert processes_of_run("cancel") or docker_leftovers(), "the cell should be running"
     run.send_signal(signal.SIGTERM)  # to stackgate alone, as a CI runner cancelling the step would
     rest, _ = run.communicate(timeout=120)
     output = "".join(seen) + rest
@@ -56,6 +70,8 @@ def test_sigterm_mid_cell_cleans_up_reports_and_resume_finishes(tmp_path: Path, 
     assert "interrupted: stopped" in output
     time.sleep(1)
     assert processes_of_run("cancel") == [], "stray processes after SIGTERM"
+    if backend == "docker":
+        assert docker_leftovers() == [], "containers or networks left after SIGTERM"
     run_dir = tmp_path / "reports" / "cancel"
     report = json.loads((run_dir / "report.json").read_text())
     assert report["decision"] == "INCONCLUSIVE"  # the candidate has no result yet
@@ -65,12 +81,13 @@ def test_sigterm_mid_cell_cleans_up_reports_and_resume_finishes(tmp_path: Path, 
     with (run_dir / "results.jsonl").open("a") as fh:  # a kill in the middle of writing the next line
         fh.write('{"cell_id": "local-cpu-cu130-torch2.14.1-py3.11-1x2", "status": "pass')
 
-    changed = subprocess.run([sys.executable, "-m", "stackgate", "run", "--backend", "venv", "--profile", "default",
+    changed = subprocess.run([sys.executable, "-m", "stackgate", "run", "--backend", backend, "--profile", "default",
                               "--cache-dir", str(cache_dir), *SELECT, "--resume", "cancel"],
                              cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False)
-    assert changed.returncode == 2 and "definition changed: profile" in changed.stderr  # not the same run
+    assert changed.returncode == 2 and "definition changed" in changed.stderr  # not the same run
+    assert "profile: was 'quick', now 'default'" in changed.stderr
 
-    resumed = _stackgate(["--resume", "cancel"], tmp_path, cache_dir)
+    resumed = _stackgate(["--resume", "cancel"], tmp_path, cache_dir, backend)
     out, _ = resumed.communicate(timeout=1200)
     assert resumed.returncode in (0, 1), out[-3000:]
     assert "repaired a torn last line" in out and "skip prod-local-cpu-cpu-torch2.13.0-py3.11-1x2" in out
@@ -84,3 +101,5 @@ def test_sigterm_mid_cell_cleans_up_reports_and_resume_finishes(tmp_path: Path, 
     assert cells == {"prod-local-cpu-cpu-torch2.13.0-py3.11-1x2": "passed",
                      "local-cpu-cu130-torch2.14.1-py3.11-1x2": "passed"}
     assert processes_of_run("cancel") == []
+    if backend == "docker":
+        assert docker_leftovers() == []

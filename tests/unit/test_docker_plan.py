@@ -161,7 +161,7 @@ def test_engine_lost_mid_run_is_an_infra_error_and_the_run_goes_on(backend: tupl
     pool = RunnerPool("local", None, GpuClass.NONE, nodes=1, is_local=True)
     cell = Cell(STACK, pool, Topology(1, 2), Role.CANDIDATE)
     ctx = RunContext("r3", tmp_path / "run", suite.SuiteSpec())
-    result = pipeline._run_one(be, cell, handle, ctx, pipeline.Progress(lambda _: None), lambda _: None, "main")
+    result = pipeline._run_one(be, cell, handle, ctx, pipeline.Progress(lambda _: None), lambda _: None)
     assert result.status is Status.INFRA_ERROR and "lost the Docker engine" in result.reason
 
 

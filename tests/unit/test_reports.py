@@ -25,7 +25,7 @@ def _report(fail: bool = False) -> RunReport:
                    warnings=(f"FutureWarning: {EVIL}",))
     if fail:
         cres = replace(cres, tests=(*cres.tests, TestOutcome(f"test_evil.py::test_{EVIL}", "failed", 1.0, EVIL)))
-    results = {prod.id: pres, cand.id: cres}
+    results = {prod.id: pres, cand.id: cres, **{k: v for k, v in rec.results.items() if v.phase == "rollback"}}
     away = (NotHere(replace(cand, required=False), "pool p4d is not this machine"),)
     outcome = gate.decide((prod, cand), away, results, load_policy(ROOT / "matrix" / "policy.toml"),
                           dt.date(2026, 11, 29))
@@ -56,6 +56,9 @@ def test_junit_is_valid_and_counts_cells_tests_and_not_run(tmp_path: Path) -> No
     assert int(root.get("failures")) == 1
     assert any(c.get("classname") == "not-run-here" for c in cases)
     assert sum(int(s.get("tests")) for s in root.iter("testsuite")) == len(cases)
+    rollback = [s for s in root.iter("testsuite") if "@rollback-" in (s.get("name") or "")]
+    assert len(rollback) == 1 and int(rollback[0].get("tests")) >= 3  # production read the candidate's artifacts
+    assert all(c.get("classname") == rollback[0].get("name") for c in rollback[0].iter("testcase"))
 
 
 def test_markdown_and_html_escape_everything_quoted(tmp_path: Path) -> None:

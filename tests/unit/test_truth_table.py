@@ -50,8 +50,9 @@ def _samples(name: str, change: Callable[[tuple[float, ...]], tuple[float, ...]]
 
 
 def _rollback(s: Situation, status: Status, reason: str, tests: tuple[TestOutcome, ...] = ()) -> None:
-    rid = s.prod.result_id("rollback")
-    s.results[rid] = CellResult(rid, s.prod.role, status, reason=reason, tests=tests)
+    rid = s.prod.result_id("rollback", s.cand)
+    s.results[rid] = CellResult(rid, s.prod.role, status, reason=reason, tests=tests, phase="rollback",
+                                against=s.cand.id)
 
 
 def r_clean(s: Situation) -> None:

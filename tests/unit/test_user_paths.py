@@ -78,7 +78,7 @@ def _gpu_pair() -> tuple[Cell, Cell]:
     prod = Cell(Stack(parse_torch("2.13.0"), CudaVariant("cu126"), "3.11"), pool, Topology(1, 1), Role.PRODUCTION,
                 required=True)
     cand = Cell(Stack(parse_torch("2.14.1"), CudaVariant("cu130"), "3.11"), pool, Topology(1, 1), Role.CANDIDATE,
-                required=True)
+                required=True, baseline=prod.id)
     return prod, cand
 
 
@@ -112,7 +112,7 @@ def _user_cells() -> tuple[Cell, Cell]:
     prod = Cell(Stack(parse_torch("2.13.0"), CudaVariant("cpu"), "3.11"), pool, Topology(1, 2), Role.PRODUCTION,
                 required=True)
     cand = Cell(Stack(parse_torch("2.14.1"), CudaVariant("cu130"), "3.11"), pool, Topology(1, 2), Role.CANDIDATE,
-                required=True)
+                required=True, baseline=prod.id)
     return prod, cand
 
 
@@ -167,7 +167,8 @@ def test_rollback_with_no_cross_version_tests_is_not_an_error() -> None:
     assert suite.classify(procs, (), "main")[0] is Status.ERROR  # in the main phase it still is
     prod, cand = _user_cells()
     both = {"test_a": "passed"}
-    rollback = CellResult(prod.result_id("rollback"), Role.PRODUCTION, Status.SKIPPED, reason=suite.NO_ROLLBACK_TESTS)
+    rollback = CellResult(prod.result_id("rollback", cand), Role.PRODUCTION, Status.SKIPPED,
+                          reason=suite.NO_ROLLBACK_TESTS, phase="rollback", against=cand.id)
     results = {prod.id: _user_result(prod, both), cand.id: _user_result(cand, both), rollback.cell_id: rollback}
     out = gate.decide((prod, cand), (), results, replace(POLICY, required_tests=(), candidate_tests=(),
                                                          required_metrics=()), TODAY)

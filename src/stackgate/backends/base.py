@@ -27,21 +27,28 @@ class EnvHandle:
 
 @dataclass(frozen=True)
 class RunContext:
-    """Where a cell writes, and how the run is configured."""
+    """Where a cell writes, how the run is configured, and which phase this is: `main`, or `rollback`
+    against one candidate (production reading what that candidate wrote)."""
 
     run_id: str
     run_dir: Path
     suite: SuiteSpec
     on_line: Callable[[str], None] | None = None
+    phase: str = "main"
+    against: Cell | None = None
+    artifacts: Path | None = None  # STACKGATE_ARTIFACTS for this run of the cell (set by the pipeline)
 
-    def cell_dir(self, cell: Cell, phase: str = "main") -> Path:
-        path = self.run_dir / "cells" / cell.result_id(phase)
+    def result_id(self, cell: Cell) -> str:
+        return cell.result_id(self.phase, self.against)
+
+    def cell_dir(self, cell: Cell) -> Path:
+        path = self.run_dir / "cells" / self.result_id(cell)
         path.mkdir(parents=True, exist_ok=True)
         return path
 
-    def fresh_cell_dir(self, cell: Cell, phase: str = "main") -> tuple[Path, Path]:
+    def fresh_cell_dir(self, cell: Cell) -> tuple[Path, Path]:
         """The cell's directory without outputs of an earlier attempt, and its shared scratch directory."""
-        workdir = self.cell_dir(cell, phase)
+        workdir = self.cell_dir(cell)
         for old in [*workdir.glob("junit-node*.xml"), *workdir.glob("results-node*.jsonl"), *workdir.glob("node*.log")]:
             old.unlink()
         shared = workdir / "shared"
@@ -49,7 +56,11 @@ class RunContext:
         return workdir, shared
 
     def artifacts_dir(self, cell: Cell) -> Path:
-        """Shared by the production and candidate cells that are compared with each other."""
+        """Where the suite reads and writes cross-version artifacts: the pipeline's choice (one
+        directory per candidate stack), else one per pool and topology."""
+        if self.artifacts is not None:
+            self.artifacts.mkdir(parents=True, exist_ok=True)
+            return self.artifacts
         pool, topo = cell.comparison_key
         path = self.run_dir / "artifacts" / f"{pool}-{topo}"
         path.mkdir(parents=True, exist_ok=True)
@@ -69,7 +80,7 @@ class Backend(Protocol):
 
     def prepare(self, stack: Stack, log_path: Path) -> EnvHandle: ...
 
-    def run(self, cell: Cell, handle: EnvHandle, ctx: RunContext, phase: str = "main") -> CellResult: ...
+    def run(self, cell: Cell, handle: EnvHandle, ctx: RunContext) -> CellResult: ...
 
     def close(self) -> None: ...
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import secrets
 import shutil
 import time
 from collections.abc import Callable, Mapping
@@ -50,8 +51,11 @@ class DockerBackend:
                                      work_dir=log_path.parent)
         reqs = requirements(self.compat, stack, self.suite_requirements)
         self.say(f"  resolving wheels for {' '.join(reqs)} into the host wheelhouse")
-        house = images.wheelhouse(self.cache_dir, reqs, installer_args(stack.source, self.host_pip), stack.python,
-                                  self.ca_bundle, self.env, log_path)
+        try:
+            house = images.wheelhouse(self.cache_dir, reqs, installer_args(stack.source, self.host_pip), stack.python,
+                                      self.ca_bundle, self.env, log_path)
+        except images.WheelhouseFailed as exc:
+            raise PrepareFailed(str(exc), exc.log_tail) from None
         template = images.TEMPLATE.read_text()
         key = images.image_key(template, base_id, house, images.suite_digest(self.suite_dir), reqs)
         tag = f"stackgate/stack:{stack.label}-{key}"
@@ -84,10 +88,12 @@ class DockerBackend:
             sbom["sbom_error"] = str(exc)
         return EnvHandle(stack, tag, key, reused=reused, prepare_s=time.monotonic() - start, sbom=sbom)
 
-    def run(self, cell: Cell, handle: EnvHandle, ctx: RunContext, phase: str = "main") -> CellResult:
-        workdir, shared = ctx.fresh_cell_dir(cell, phase)
+    def run(self, cell: Cell, handle: EnvHandle, ctx: RunContext) -> CellResult:
+        phase = ctx.phase
+        workdir, shared = ctx.fresh_cell_dir(cell)
         artifacts = ctx.artifacts_dir(cell)
-        tag = hashlib.sha1(f"{ctx.run_id}/{cell.id}/{phase}".encode()).hexdigest()[:10]
+        # one name per attempt: whatever an earlier, killed attempt left behind never blocks this one
+        tag = hashlib.sha1(f"{ctx.run_id}/{ctx.result_id(cell)}/{secrets.token_hex(4)}".encode()).hexdigest()[:10]
         nodes = cell.topology.nodes
         # always a private internal network (no route out): torchrun's standalone rendezvous needs a
         # resolvable hostname, which `--network none` does not give
@@ -120,7 +126,7 @@ class DockerBackend:
                 with (workdir / f"node{i}.log").open("a") as log:
                     log.write(ex.log)
             procs += [_as_proc(ex) for ex in exits]
-        return suite.build_result(cell, procs, workdir, time.monotonic() - start, phase,
+        return suite.build_result(cell, procs, workdir, time.monotonic() - start, ctx,
                                   extra_env={"backend": "docker", "image": handle.ref, "env_key": handle.key,
                                              "image_labels": handle.sbom.get("labels", {})})
 

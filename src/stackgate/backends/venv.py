@@ -18,8 +18,10 @@ from filelock import FileLock
 from stackgate import proc, suite
 from stackgate.backends.base import EnvHandle, PrepareFailed, RunContext, free_port
 from stackgate.compat import CompatTable
+from stackgate.errors import InfraError
 from stackgate.model import Cell, CellResult, Stack
 from stackgate.plan import SUITE_REQUIREMENTS, requirements
+from stackgate.resolve import is_network_failure
 from stackgate.sources import PipConfig, installer_args
 
 MARKER = "stackgate-env.json"
@@ -73,6 +75,9 @@ class VenvBackend:
             result = proc.run(argv, env=env, timeout_s=3600, log_path=log_path)
             if not result.ok:
                 shutil.rmtree(staging, ignore_errors=True)
+                if is_network_failure(result.tail):
+                    raise InfraError(f"installing {stack.label} failed: an index could not be reached",
+                                     hint=result.tail[-800:])
                 raise PrepareFailed(f"installing {stack.label} failed (exit {result.returncode})", result.tail)
         freeze = proc.capture([*uv, "pip", "freeze", "--python", str(staging / "bin" / "python")], env=env)
         sbom = {"key": key, "requirements": reqs, "packages": freeze.split(),
@@ -84,8 +89,9 @@ class VenvBackend:
         return EnvHandle(stack, str(python), key, reused=False, prepare_s=time.monotonic() - start, sbom=sbom)
 
     # ---------------------------------------------------------------------------------------- run
-    def run(self, cell: Cell, handle: EnvHandle, ctx: RunContext, phase: str = "main") -> CellResult:
-        workdir, shared = ctx.fresh_cell_dir(cell, phase)
+    def run(self, cell: Cell, handle: EnvHandle, ctx: RunContext) -> CellResult:
+        phase = ctx.phase
+        workdir, shared = ctx.fresh_cell_dir(cell)
         endpoint = f"127.0.0.1:{free_port()}" if cell.topology.nodes > 1 else ""
         venv_bin = str(Path(handle.ref).parent)
         procs: list[proc.ProcResult] = []
@@ -112,7 +118,7 @@ class VenvBackend:
             for t in threads:
                 t.join()
             procs += [r for r in results if r is not None]
-        return suite.build_result(cell, procs, workdir, time.monotonic() - start, phase,
+        return suite.build_result(cell, procs, workdir, time.monotonic() - start, ctx,
                                   extra_env={"backend": "venv", "env_key": handle.key})
 
     def close(self) -> None:

@@ -67,6 +67,11 @@ class RunReport:
             return "GO" if self.gating_exit_code == 0 else "NO-GO"
         return decision
 
+    @property
+    def rollbacks(self) -> list[CellResult]:
+        """Production reading each candidate's artifacts, one result per candidate."""
+        return [self.results[k] for k in sorted(self.results) if self.results[k].phase == "rollback"]
+
     def result_rows(self) -> list[tuple[Cell, CellResult | None]]:
         rows: list[tuple[Cell, CellResult | None]] = [(c, self.results.get(c.id)) for c in self.cells]
         return rows
@@ -83,13 +88,13 @@ def _packages(result: CellResult) -> dict[str, str]:
 
 def stack_diffs(cells: Sequence[Cell], results: Mapping[str, CellResult]) -> tuple[StackDiff, ...]:
     """What changed between each production cell and its candidates, from captured environments."""
-    prod = {c.comparison_key: c for c in cells if c.role is Role.PRODUCTION}
+    prod = {c.id: c for c in cells if c.role is Role.PRODUCTION}
     out = []
     seen_pairs = set()
     for cand in cells:
-        if cand.role is not Role.CANDIDATE or cand.comparison_key not in prod:
+        if cand.role is not Role.CANDIDATE or cand.baseline not in prod:
             continue
-        base = prod[cand.comparison_key]
+        base = prod[cand.baseline]
         bres, cres = results.get(base.id), results.get(cand.id)
         if bres is None or cres is None or not bres.environment or not cres.environment:
             continue

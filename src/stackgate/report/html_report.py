@@ -80,9 +80,9 @@ def _median(xs: Sequence[float]) -> float:
 
 def _plots(report: RunReport) -> list[str]:
     out = []
-    prod = {c.comparison_key: c for c in report.cells if c.role is Role.PRODUCTION}
+    prod = {c.id: c for c in report.cells if c.role is Role.PRODUCTION}
     for cand in (c for c in report.cells if c.role is Role.CANDIDATE):
-        base = prod.get(cand.comparison_key)
+        base = prod.get(cand.baseline)
         cres, bres = report.results.get(cand.id), report.results.get(base.id) if base else None
         if cres is None or bres is None:
             continue
@@ -184,8 +184,8 @@ def render(report: RunReport) -> str:
     for cell, result in report.result_rows():
         if result is not None:
             h.append(_cell_details(cell.id, result))
-    for rollback_id in sorted(k for k in report.results if k.endswith("@rollback")):
-        h.append(_cell_details(rollback_id, report.results[rollback_id]))
+    for rollback in report.rollbacks:
+        h.append(_cell_details(rollback.cell_id, rollback))
     if report.pruned:
         h.append("<h2>Pruned</h2><ul>")
         h += [f"<li><code>{escape(p.cell.id)}</code>: {escape('; '.join(p.reasons))}</li>" for p in report.pruned]

@@ -56,7 +56,7 @@ def to_json(report: RunReport, exit_code: int) -> dict[str, Any]:
                 "started": report.started, "finished": report.finished, "options": dict(report.options)},
         "reasons": [r.to_json() for r in report.gate.verdict.reasons],
         "cells": cells,
-        "rollback": [report.results[k].to_json() for k in sorted(report.results) if k.endswith("@rollback")],
+        "rollback": [r.to_json() for r in report.rollbacks],
         "not_run_here": [{"id": n.cell.id, "reason": n.reason, "cell": n.cell.to_json()} for n in report.not_here],
         "pruned": [{"id": p.cell.id, "reasons": list(p.reasons)} for p in report.pruned],
         "comparisons": [

@@ -8,6 +8,7 @@ import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+from stackgate.model import CellResult, Status
 from stackgate.report.data import RunReport
 from stackgate.report.files import atomic_write
 
@@ -18,44 +19,55 @@ def _clean(text: str) -> str:
     return _INVALID_XML.sub("?", text)
 
 
+def _suite(root: ET.Element, name: str, result: CellResult | None, totals: dict[str, int]) -> None:
+    """One testsuite per cell result (a main run, or a rollback against one candidate)."""
+    suite = ET.SubElement(root, "testsuite", name=name)
+    counts = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
+    if result is not None and result.status is Status.SKIPPED and not result.tests:
+        case = ET.SubElement(suite, "testcase", classname=name, name="cell", time="0")
+        ET.SubElement(case, "skipped", message=_clean(result.reason))
+        counts["tests"] += 1
+        counts["skipped"] += 1
+    elif result is None or not result.tests:
+        case = ET.SubElement(suite, "testcase", classname=name, name="cell", time="0")
+        status = result.status.value if result else "no-result"
+        el = ET.SubElement(case, "error", message=_clean(f"{status}: {result.reason if result else ''}"))
+        el.text = _clean(result.log_tail[-5000:] if result else "")
+        counts["tests"] += 1
+        counts["errors"] += 1
+    else:
+        for t in result.tests:
+            case = ET.SubElement(suite, "testcase", classname=name, name=_clean(t.name), time=f"{t.duration_s:.3f}")
+            counts["tests"] += 1
+            if t.outcome == "failed":
+                el = ET.SubElement(case, "failure", message=_clean(t.message.splitlines()[0] if t.message else "failed"))
+                el.text = _clean(t.message)
+                counts["failures"] += 1
+            elif t.outcome == "error":
+                el = ET.SubElement(case, "error", message=_clean(t.message.splitlines()[0] if t.message else "error"))
+                el.text = _clean(t.message)
+                counts["errors"] += 1
+            elif t.outcome == "skipped":
+                ET.SubElement(case, "skipped", message=_clean(t.message))
+                counts["skipped"] += 1
+        if result.status.value not in ("passed", "failed"):
+            case = ET.SubElement(suite, "testcase", classname=name, name="cell-status", time="0")
+            ET.SubElement(case, "error", message=_clean(f"{result.status.value}: {result.reason}"))
+            counts["tests"] += 1
+            counts["errors"] += 1
+    for k, n in counts.items():
+        suite.set(k, str(n))
+        totals[k] += n
+    suite.set("time", f"{result.duration_s:.3f}" if result else "0")
+
+
 def render(report: RunReport) -> ET.ElementTree:
     root = ET.Element("testsuites", name=f"stackgate {report.matrix}")
     totals = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
     for cell, result in report.result_rows():
-        suite = ET.SubElement(root, "testsuite", name=cell.id)
-        counts = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
-        if result is None or not result.tests:
-            case = ET.SubElement(suite, "testcase", classname=cell.id, name="cell", time="0")
-            status = result.status.value if result else "no-result"
-            el = ET.SubElement(case, "error", message=_clean(f"{status}: {result.reason if result else ''}"))
-            el.text = _clean(result.log_tail[-5000:] if result else "")
-            counts["tests"] += 1
-            counts["errors"] += 1
-        else:
-            for t in result.tests:
-                case = ET.SubElement(suite, "testcase", classname=cell.id, name=_clean(t.name),
-                                     time=f"{t.duration_s:.3f}")
-                counts["tests"] += 1
-                if t.outcome == "failed":
-                    el = ET.SubElement(case, "failure", message=_clean(t.message.splitlines()[0] if t.message else "failed"))
-                    el.text = _clean(t.message)
-                    counts["failures"] += 1
-                elif t.outcome == "error":
-                    el = ET.SubElement(case, "error", message=_clean(t.message.splitlines()[0] if t.message else "error"))
-                    el.text = _clean(t.message)
-                    counts["errors"] += 1
-                elif t.outcome == "skipped":
-                    ET.SubElement(case, "skipped", message=_clean(t.message))
-                    counts["skipped"] += 1
-            if result.status.value not in ("passed", "failed"):
-                case = ET.SubElement(suite, "testcase", classname=cell.id, name="cell-status", time="0")
-                ET.SubElement(case, "error", message=_clean(f"{result.status.value}: {result.reason}"))
-                counts["tests"] += 1
-                counts["errors"] += 1
-        for k, n in counts.items():
-            suite.set(k, str(n))
-            totals[k] += n
-        suite.set("time", f"{result.duration_s:.3f}" if result else "0")
+        _suite(root, cell.id, result, totals)
+    for rollback in report.rollbacks:  # production reading each candidate's artifacts
+        _suite(root, rollback.cell_id, rollback, totals)
     for group, items in (("not-run-here", [(n.cell.id, n.reason) for n in report.not_here]),
                          ("pruned", [(p.cell.id, "; ".join(p.reasons)) for p in report.pruned])):
         if not items:

@@ -55,10 +55,9 @@ def render(report: RunReport) -> str:
         lines.append(f"| {md_escape(cell.id)} | {cell.role.value} | {'yes' if cell.required else 'no'} | "
                      f"{result.status.value} | {passed}/{len(result.tests)} | {result.duration_s:.0f}s | "
                      f"{md_escape(result.reason[:200])} |")
-    for key in sorted(k for k in report.results if k.endswith("@rollback")):
-        r = report.results[key]
+    for r in report.rollbacks:
         passed = sum(t.outcome == "passed" for t in r.tests)
-        lines.append(f"| {md_escape(key)} | rollback | yes | {r.status.value} | {passed}/{len(r.tests)} | "
+        lines.append(f"| {md_escape(r.cell_id)} | rollback | yes | {r.status.value} | {passed}/{len(r.tests)} | "
                      f"{r.duration_s:.0f}s | {md_escape(r.reason[:200])} |")
     for n in report.not_here:
         lines.append(f"| {md_escape(n.cell.id)} | {n.cell.role.value} | {'yes' if n.cell.required else 'no'} | "
