@@ -11,42 +11,8 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-from stackgate import __version__
+from stackgate import __version__, options
 from stackgate.errors import ExitCode, Interrupted, StackgateError
-
-
-def _add_run_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--matrix", help="matrix file, or the name of a bundled one (default: the bundled upgrade.toml)")
-    p.add_argument("--config-dir", help="directory with compat/fleet/production/policy TOML (default: the bundled data)")
-    p.add_argument("--policy", help="gate policy file (default: the suite's stackgate-policy.toml, "
-                                    "else <config-dir>/policy.toml for the bundled suite)")
-    p.add_argument("--backend", choices=["auto", "venv", "docker"])
-    p.add_argument("--candidate", help="candidate torch version (replaces the matrix's torch axis)")
-    p.add_argument("--only", action="append", default=[], metavar="GLOB", help="run only cells matching (repeatable)")
-    p.add_argument("--shard", metavar="I/N", help="run shard I of N (pairs of cells stay together)")
-    p.add_argument("--profile", choices=["default", "quick"])
-    p.add_argument("--timeout", type=float, help="per-cell timeout in seconds")
-    p.add_argument("--reports", help="reports directory (default reports)")
-    p.add_argument("--run-id")
-    p.add_argument("--resume", metavar="RUN_ID", help="continue a run; finished cells are skipped")
-    p.add_argument("--cache-dir", help="where environments are cached (default ~/.cache/stackgate)")
-    p.add_argument("--suite", help="pytest suite to run in each stack (default: the bundled integration_tests)")
-    p.add_argument("--pytest-arg", dest="pytest_args", action="append", default=[], help="extra pytest argument")
-    p.add_argument("--index-url")
-    p.add_argument("--extra-index-url", action="append", default=[])
-    p.add_argument("--find-links", action="append", default=[])
-    p.add_argument("--nightly-version", help="pin the nightly build, e.g. 2.15.0.dev20261128")
-    p.add_argument("--history", help="history database (default reports/history.sqlite)")
-    p.add_argument("--no-bootstrap-base", dest="bootstrap_base", action="store_false", default=None,
-                   help="never debootstrap a local base image when the configured base is missing")
-    p.add_argument("--debian-mirror", help="Debian mirror for the base-image bootstrap")
-    p.add_argument("--ca-bundle", help="extra CA bundle for resolving wheels on the host (never enters an image)")
-    p.add_argument("--suite-env", action="append", default=[], metavar="KEY=VALUE",
-                   help="extra environment for the suite, e.g. NCCL_NET='AWS Libfabric' (repeatable)")
-    p.add_argument("--no-platform-checks", dest="platform_checks", action="store_false", default=None,
-                   help="with --suite: do not add the bundled identity/collective/transport checks")
-    p.add_argument("--no-rollback", dest="rollback", action="store_false", default=None,
-                   help="skip the rollback phase (production reading the candidate's artifacts)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -55,7 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="run a matrix and decide")
-    _add_run_options(run)
+    options.add_arguments(run, "run")
 
     comp = sub.add_parser("compat", help="compatibility rules").add_subparsers(dest="compat_command", required=True)
     check = comp.add_parser("check", help="can this driver run this CUDA build of this torch?")
@@ -124,7 +90,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "run":
-        from stackgate import options, pipeline
+        from stackgate import pipeline
         cli = {k: v for k, v in vars(args).items() if k != "command"}
         opts = options.resolve(cli, os.environ, Path("stackgate.toml"))
         return pipeline.run(opts, dict(os.environ))
@@ -161,7 +127,7 @@ def _compat_check(args: argparse.Namespace) -> int:
 
 
 def _matrix_show(args: argparse.Namespace) -> int:
-    from stackgate import compat, matrix, options, sources
+    from stackgate import compat, matrix, sources
     from stackgate.versions import parse_torch
     opts = options.resolve({"matrix": args.file, "config_dir": args.config_dir}, {}, None)
     cfg = opts.config_dir

@@ -1,10 +1,13 @@
-"""One configuration cascade: defaults < stackgate.toml [run] < STACKGATE_* environment < command line.
-
-Resolved in one function that records where each value came from, so the report can show it.
+"""Every option declared once, typed: the `Settings` fields. From that one declaration come the
+command-line arguments (`add_arguments`), the cascade defaults < stackgate.toml [run] <
+STACKGATE_* environment < command line (`resolve`, which records where each value came from, so
+the report can show it), and the type checker's view of every option.
 """
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -37,6 +40,7 @@ def _choice(*allowed: str) -> Callable[[Any], str]:
         if str(v) not in allowed:
             raise ValueError(f"must be one of {', '.join(allowed)}")
         return str(v)
+    parse.choices = allowed  # type: ignore[attr-defined]
     return parse
 
 
@@ -62,51 +66,109 @@ def _default_cache(env: Mapping[str, str]) -> str:
     return str(Path(base) / "stackgate")
 
 
-# name -> (parser, default)
-FIELDS: dict[str, tuple[Callable[[Any], Any], Any]] = {
-    "matrix": (_path, None),  # None: the bundled upgrade.toml; a bare name ("nightly") picks a bundled matrix
-    "config_dir": (_path, None),  # None: the bundled compat/fleet/production/policy data
-    "policy": (_path, None),  # None: the suite's own policy (see suite_policy), else <config_dir>/policy.toml
-    "backend": (_choice("auto", "venv", "docker"), "auto"),
-    "candidate": (str, None),
-    "only": (_list, ()),
-    "shard": (str, None),
-    "profile": (_choice("default", "quick"), "default"),
-    "timeout": (_positive, 1800.0),
-    "reports": (_path, "reports"),
-    "run_id": (str, None),
-    "resume": (str, None),
-    "cache_dir": (_path, None),
-    "suite": (_path, None),
-    "pytest_args": (_list, ()),
-    "index_url": (str, None),
-    "extra_index_url": (_list, ()),
-    "find_links": (_list, ()),
-    "nightly_version": (str, None),
-    "history": (_path, None),
-    "rollback": (_bool, True),
-    "platform_checks": (_bool, True),
-    "suite_env": (_env_list, ()),
-    "bootstrap_base": (_bool, True),
-    "debian_mirror": (str, "http://deb.debian.org/debian"),
-    "ca_bundle": (str, None),
-}
+RUN = ("run",)
+RUN_MERGE = ("run", "merge")
+
+
+def opt(default: Any, parse: Callable[[Any], Any], help: str, *, commands: tuple[str, ...] = RUN,
+        repeat: bool = False, negate: str = "", metavar: str | None = None, flag: str = "") -> Any:
+    """One option: its default, how a raw value (TOML, environment, command line) is parsed, its help,
+    the commands that take it, and its command-line form (`repeat`: may be given several times;
+    `negate`: a `--no-...` switch that sets the boolean to false; `flag`: a spelling other than
+    `--<name>`)."""
+    return field(default=default, metadata={"parse": parse, "help": help, "commands": commands, "repeat": repeat,
+                                            "negate": negate, "metavar": metavar, "flag": flag})
 
 
 @dataclass(frozen=True)
-class Options:
-    values: Mapping[str, Any]
-    sources: Mapping[str, str] = field(default_factory=dict)
+class Settings:
+    """The resolved options of a command. Path options are absolute; `sources` says, per option,
+    where its value came from (default, stackgate.toml, environment, command line)."""
 
-    def __getattr__(self, name: str) -> Any:
-        try:
-            return self.values[name]
-        except KeyError:
-            raise AttributeError(name) from None
+    matrix: Path = opt(None, _path, "matrix file, or the name of a bundled matrix (default: the bundled upgrade.toml)",
+                       commands=RUN_MERGE)
+    config_dir: Path = opt(None, _path, "directory with compat/fleet/production/policy TOML (default: the bundled "
+                                        "data)", commands=RUN_MERGE)
+    policy: Path | None = opt(None, _path, "gate policy file (default: the suite's stackgate-policy.toml, else "
+                                           "<config-dir>/policy.toml for the bundled suite)", commands=RUN_MERGE)
+    backend: str = opt("auto", _choice("auto", "venv", "docker"), "how stacks are built and cells run")
+    candidate: str | None = opt(None, str, "candidate torch version (replaces the matrix's torch axis)",
+                                commands=RUN_MERGE)
+    pool: str | None = opt(None, str, "run exactly this runner pool's cells (this runner belongs to it)",
+                           metavar="NAME")
+    only: tuple[str, ...] = opt((), _list, "run only cells matching (repeatable)", repeat=True, metavar="GLOB")
+    shard: str | None = opt(None, str, "run shard I of N (pairs of cells stay together)", metavar="I/N")
+    profile: str = opt("default", _choice("default", "quick"), "suite profile", commands=RUN_MERGE)
+    timeout: float = opt(1800.0, _positive, "per-cell timeout in seconds")
+    reports: Path = opt("reports", _path, "reports directory", commands=RUN_MERGE)
+    run_id: str | None = opt(None, str, "run id (default: time, matrix and a random suffix)", commands=RUN_MERGE)
+    resume: str | None = opt(None, str, "continue a run; finished cells are skipped", metavar="RUN_ID")
+    cache_dir: Path = opt(None, _path, "where environments are cached (default ~/.cache/stackgate)")
+    suite: Path | None = opt(None, _path, "pytest suite to run in each stack (default: the bundled integration_tests)",
+                             commands=RUN_MERGE)
+    pytest_args: tuple[str, ...] = opt((), _list, "extra pytest argument (repeatable)", repeat=True,
+                                       commands=RUN_MERGE, flag="--pytest-arg", metavar="ARG")
+    index_url: str | None = opt(None, str, "index for the candidate's wheels", commands=RUN_MERGE)
+    extra_index_url: tuple[str, ...] = opt((), _list, "extra index (repeatable)", repeat=True, commands=RUN_MERGE)
+    find_links: tuple[str, ...] = opt((), _list, "wheelhouse directory or page (repeatable)", repeat=True,
+                                      commands=RUN_MERGE)
+    nightly_version: str | None = opt(None, str, "pin the nightly build, e.g. 2.15.0.dev20261128",
+                                      commands=RUN_MERGE)
+    history: Path = opt(None, _path, "history database (default <reports>/history.sqlite)", commands=RUN_MERGE)
+    rollback: bool = opt(True, _bool, "skip the rollback phase (production reading the candidate's artifacts)",
+                         negate="--no-rollback")
+    platform_checks: bool = opt(True, _bool, "with --suite: do not add the bundled identity/collective/transport "
+                                             "checks", negate="--no-platform-checks", commands=RUN_MERGE)
+    suite_env: tuple[str, ...] = opt((), _env_list, "extra environment for the suite, e.g. NCCL_NET='AWS Libfabric' "
+                                                    "(repeatable)", repeat=True, metavar="KEY=VALUE")
+    bootstrap_base: bool = opt(True, _bool, "never debootstrap a local base image when the configured base is "
+                                            "missing", negate="--no-bootstrap-base")
+    debian_mirror: str = opt("http://deb.debian.org/debian", str, "Debian mirror for the base-image bootstrap")
+    ca_bundle: str | None = opt(None, str, "extra CA bundle for resolving wheels on the host (never enters an "
+                                           "image)")
+    sources: Mapping[str, str] = field(default_factory=dict, metadata={"internal": True})
 
     def describe(self) -> dict[str, Any]:
-        return {k: {"value": str(v) if isinstance(v, Path) else v, "from": self.sources.get(k, "default")}
-                for k, v in self.values.items()}
+        """Every option's value and where it came from, for report.json."""
+        return {f.name: {"value": _shown(getattr(self, f.name)), "from": self.sources.get(f.name, "default")}
+                for f in declared()}
+
+
+def _shown(value: Any) -> Any:
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, tuple):
+        return list(value)
+    return value
+
+
+Options = Settings  # the name the pipeline has always used
+
+
+def declared(command: str | None = None) -> list[dataclasses.Field[Any]]:
+    """The declared options (of one command)."""
+    return [f for f in dataclasses.fields(Settings) if not f.metadata.get("internal")
+            and (command is None or command in f.metadata["commands"])]
+
+
+def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
+    """The command line of `command`, from the declaration. Values stay None (unset) unless given,
+    so the cascade can tell a given value from a default."""
+    for f in declared(command):
+        meta = f.metadata
+        flag = meta["flag"] or "--" + f.name.replace("_", "-")
+        if meta["negate"]:
+            parser.add_argument(meta["negate"], dest=f.name, action="store_false", default=None, help=meta["help"])
+            continue
+        kwargs: dict[str, Any] = {"dest": f.name, "help": meta["help"], "default": None}
+        choices = getattr(meta["parse"], "choices", None)
+        if choices:
+            kwargs["choices"] = choices
+        if meta["metavar"]:
+            kwargs["metavar"] = meta["metavar"]
+        if meta["repeat"]:
+            kwargs["action"] = "append"
+        parser.add_argument(flag, **kwargs)
 
 
 def absolute(path: Path, base: Path) -> Path:
@@ -115,15 +177,16 @@ def absolute(path: Path, base: Path) -> Path:
 
 
 def resolve(cli: Mapping[str, Any], env: Mapping[str, str], project_file: Path | None = None,
-            cwd: Path | None = None) -> Options:
+            cwd: Path | None = None) -> Settings:
     """Every path option comes out absolute: relative values on the command line or in the
     environment are taken against `cwd`, those in stackgate.toml against that file's directory.
     Nothing downstream (a bind mount, a subprocess cwd) ever sees a relative path."""
     cwd = cwd or Path.cwd()
+    fields = {f.name: f for f in declared()}
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
-    for name, (parse, default) in FIELDS.items():
-        values[name] = parse(default) if default is not None else None
+    for name, f in fields.items():
+        values[name] = f.metadata["parse"](f.default) if f.default is not None else None
         sources[name] = "default"
     if values["cache_dir"] is None:
         values["cache_dir"] = _path(_default_cache(env))
@@ -135,18 +198,17 @@ def resolve(cli: Mapping[str, Any], env: Mapping[str, str], project_file: Path |
         doc = tomlfile.load(project_file)
         tomlfile.check_keys(doc, doc.data, ["run"])  # a misspelled table is an error, not silently ignored
         run = tomlfile.get(doc, doc.data, "run", dict, default={})
-        tomlfile.check_keys(doc, run, [k.replace("_", "-") for k in FIELDS] + list(FIELDS), "run")
+        tomlfile.check_keys(doc, run, [k.replace("_", "-") for k in fields] + list(fields), "run")
         layers.append((str(project_file), {k.replace("-", "_"): v for k, v in run.items()}))
     layers.append(("environment", {k[len("STACKGATE_"):].lower(): v for k, v in env.items()
-                                   if k.startswith("STACKGATE_") and k[len("STACKGATE_"):].lower() in FIELDS}))
+                                   if k.startswith("STACKGATE_") and k[len("STACKGATE_"):].lower() in fields}))
     layers.append(("command line", {k: v for k, v in cli.items() if v is not None and v not in ((), [])}))
     for source, layer in layers:
         for name, raw in layer.items():
-            if name not in FIELDS:
+            if name not in fields:
                 continue
-            parse = FIELDS[name][0]
             try:
-                values[name] = parse(raw)
+                values[name] = fields[name].metadata["parse"](raw)
             except (ValueError, TypeError) as exc:
                 where = f"STACKGATE_{name.upper()}" if source == "environment" else (
                     f"--{name.replace('_', '-')}" if source == "command line" else f"{source} [run] {name}")
@@ -157,14 +219,14 @@ def resolve(cli: Mapping[str, Any], env: Mapping[str, str], project_file: Path |
             else:
                 bases.pop(name, None)
     values["matrix"] = bundled_matrix(values["matrix"], bases.get("matrix", cwd))
-    for name, (parse, _) in FIELDS.items():
-        if parse is _path and values[name] is not None:
+    for name, f in fields.items():
+        if f.metadata["parse"] is _path and values[name] is not None:
             values[name] = absolute(values[name], bases.get(name, cwd))
     if values["config_dir"] is None:
         values["config_dir"] = bundled.MATRIX_DIR
     if values["history"] is None:
         values["history"] = values["reports"] / "history.sqlite"
-    return Options(values, sources)
+    return Settings(**values, sources=sources)
 
 
 def bundled_matrix(value: Path | None, base: Path) -> Path:

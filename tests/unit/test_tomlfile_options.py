@@ -65,6 +65,21 @@ def test_options_cascade_records_sources(tmp_path: Path) -> None:
     assert opts.describe()["timeout"] == {"value": 200.0, "from": "environment"}
 
 
+def test_every_option_is_declared_once_for_argparse_the_cascade_and_the_report() -> None:
+    import argparse
+    parser = argparse.ArgumentParser()
+    options.add_arguments(parser, "run")
+    args = vars(parser.parse_args(["--pytest-arg=-k", "--pytest-arg=x", "--no-rollback", "--pool", "cpu-a",
+                                   "--profile", "quick"]))
+    assert set(args) == {f.name for f in options.declared("run")}  # one argument per declared option
+    opts = options.resolve(args, {}, None)
+    assert opts.pytest_args == ("-k", "x") and opts.rollback is False and opts.pool == "cpu-a"
+    assert opts.describe()["pool"] == {"value": "cpu-a", "from": "command line"}
+    assert set(opts.describe()) == {f.name for f in options.declared()}
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--profile", "huge"])  # choices come from the declaration's parser
+
+
 def test_every_path_option_comes_out_absolute(tmp_path: Path) -> None:
     """Relative paths are taken against the working directory (command line, environment) or the
     directory of stackgate.toml, so no bind mount or subprocess ever sees a relative path."""
@@ -78,9 +93,10 @@ def test_every_path_option_comes_out_absolute(tmp_path: Path) -> None:
     assert opts.config_dir == work / "cfg"
     assert opts.cache_dir == tmp_path / "proj" / "cache"
     assert opts.suite == tmp_path / "proj" / "tests" / "trainers"
-    for name, value in opts.values.items():
+    for f in options.declared():
+        value = getattr(opts, f.name)
         if isinstance(value, Path):
-            assert value.is_absolute(), name
+            assert value.is_absolute(), f.name
     defaults = options.resolve({}, {}, None, cwd=work)
     assert defaults.reports == work / "reports" and defaults.matrix.name == "upgrade.toml"
     assert defaults.matrix.is_file() and (defaults.config_dir / "policy.toml").is_file()  # shipped in the package
