@@ -23,6 +23,11 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run a matrix and decide")
     options.add_arguments(run, "run")
 
+    mg = sub.add_parser("merge", help="one verdict over the bundles (run directories) of a fleet run")
+    mg.add_argument("bundles", nargs="+", metavar="BUNDLE", help="run directories written by `stackgate run --pool`")
+    mg.add_argument("--out", metavar="DIR", help="write the merged run here (default reports/<run-id>)")
+    options.add_arguments(mg, "merge")
+
     comp = sub.add_parser("compat", help="compatibility rules").add_subparsers(dest="compat_command", required=True)
     check = comp.add_parser("check", help="can this driver run this CUDA build of this torch?")
     check.add_argument("--driver", help="NVIDIA driver version (omit for a CPU runner)")
@@ -94,6 +99,14 @@ def _dispatch(args: argparse.Namespace) -> int:
         cli = {k: v for k, v in vars(args).items() if k != "command"}
         opts = options.resolve(cli, os.environ, Path("stackgate.toml"))
         return pipeline.run(opts, dict(os.environ))
+    if args.command == "merge":
+        from stackgate import pipeline
+        cli = {k: v for k, v in vars(args).items() if k not in ("command", "bundles", "out")}
+        if args.out:
+            out = Path(args.out).absolute()
+            cli.update(reports=str(out.parent), run_id=out.name)
+        opts = options.resolve(cli, os.environ, Path("stackgate.toml"))
+        return pipeline.merge(opts, dict(os.environ), [Path(b).absolute() for b in args.bundles])
     if args.command == "compat":
         return _compat_check(args)
     if args.command == "matrix":

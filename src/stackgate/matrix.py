@@ -6,6 +6,7 @@ Pure functions over parsed data; nothing here touches a process or the network e
 
 from __future__ import annotations
 
+import difflib
 import fnmatch
 import itertools
 import platform
@@ -298,6 +299,19 @@ def _parse(doc: tomlfile.Doc, parser: Any, value: Any, *keys: str) -> Any:
         raise doc.error(str(exc), *keys) from None
 
 
+def assign_runner(pools: Mapping[str, RunnerPool], names: Sequence[str], fleet: Path) -> dict[str, RunnerPool]:
+    """This runner declares which pools it serves (`--pool`): exactly those run here, whatever their
+    names; every other pool, detected or not, is "not run here". No names: the detected pools run."""
+    if not names:
+        return dict(pools)
+    for name in names:
+        if name not in pools:
+            close = difflib.get_close_matches(name, list(pools), n=1)
+            raise ConfigError(f"--pool {name}: no such runner pool in {fleet}",
+                              hint=f"did you mean '{close[0]}'?" if close else f"pools: {', '.join(sorted(pools))}")
+    return {n: replace(p, is_local=n in names) for n, p in pools.items()}
+
+
 # -------------------------------------------------------------------------------------------- expand
 
 def resolve_topology(word: str, pool: RunnerPool) -> Topology | str:
@@ -384,7 +398,7 @@ def expand(
     here = tuple(c for c in ordered if c.pool.is_local)
     away = tuple(
         NotHere(c, f"runner pool {c.pool.name} ({c.pool.gpu or 'cpu'}, driver {c.pool.driver}) is not this machine; "
-                   f"run stackgate on that pool")
+                   f"run `stackgate run --pool {c.pool.name}` on that pool and `stackgate merge` the bundles")
         for c in ordered if not c.pool.is_local
     )
     return Expansion(cells=here, not_here=away, pruned=tuple(sorted(pruned.values(), key=lambda p: p.cell.id)))

@@ -94,8 +94,9 @@ class Settings:
     backend: str = opt("auto", _choice("auto", "venv", "docker"), "how stacks are built and cells run")
     candidate: str | None = opt(None, str, "candidate torch version (replaces the matrix's torch axis)",
                                 commands=RUN_MERGE)
-    pool: str | None = opt(None, str, "run exactly this runner pool's cells (this runner belongs to it)",
-                           metavar="NAME")
+    pool: tuple[str, ...] = opt((), _list, "this runner belongs to pool NAME: run exactly that pool's cells "
+                                           "(repeatable; default: the pools with detect = true)", repeat=True,
+                                metavar="NAME")
     only: tuple[str, ...] = opt((), _list, "run only cells matching (repeatable)", repeat=True, metavar="GLOB")
     shard: str | None = opt(None, str, "run shard I of N (pairs of cells stay together)", metavar="I/N")
     profile: str = opt("default", _choice("default", "quick"), "suite profile", commands=RUN_MERGE)

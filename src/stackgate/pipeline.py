@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import hashlib
-import json
 import re
 import secrets
 import shutil
@@ -13,26 +11,36 @@ import signal
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from packaging.version import Version
 
+from stackgate import bundle, gate, history, matrix, proc, resolve, results, sources
 from stackgate import compat as compat_mod
-from stackgate import gate, history, images, matrix, proc, resolve, results, sources
 from stackgate.backends.base import Backend, EnvHandle, PrepareFailed, RunContext
 from stackgate.bundled import BUNDLED_SUITE
 from stackgate.console import Console
 from stackgate.docker_engine import DockerEngine
 from stackgate.errors import ConfigError, ExitCode, InfraError
-from stackgate.model import Cell, CellResult, Decision, Role, RunnerPool, Severity, Status, Verdict, WheelSource
+from stackgate.model import (
+    Cell,
+    CellResult,
+    Decision,
+    NotHere,
+    Role,
+    RunnerPool,
+    Severity,
+    Status,
+    Verdict,
+    WheelSource,
+)
 from stackgate.options import Options, parse_shard
 from stackgate.plan import plan_envs, run_order
 from stackgate.policy import Policy, load_for_suite
 from stackgate.report import html_report, json_report, junit, markdown
 from stackgate.report.data import RunReport, counts, now, stack_diffs
-from stackgate.report.files import atomic_write
 from stackgate.suite import PLATFORM_CHECKS, SuiteSpec
 from stackgate.versions import parse_torch
 
@@ -56,7 +64,7 @@ def load(opts: Options, env: Mapping[str, str], local: matrix.LocalHost) -> Load
     table = compat_mod.load_compat(cfg / "compat.toml")
     spec = matrix.load_matrix(opts.matrix)
     production = matrix.load_production(cfg / "production.toml")
-    pools = matrix.load_pools(cfg / "fleet.toml", local)
+    pools = matrix.assign_runner(matrix.load_pools(cfg / "fleet.toml", local), opts.pool, cfg / "fleet.toml")
     suite_path = opts.suite or BUNDLED_SUITE
     if not suite_path.exists():
         raise ConfigError(f"suite path {suite_path} does not exist", hint="--suite PATH to your pytest suite")
@@ -170,12 +178,13 @@ def run(opts: Options, env: Mapping[str, str], say: Printer | None = None) -> in
         if (run_dir / results.RESULTS).exists():
             raise ConfigError(f"run {run_id} already has results in {run_dir}", hint="use --resume to continue it")
     defined = definition(opts, loaded)
+    selected = bundle.selection(pools=opts.pool, only=opts.only, shard=opts.shard)
     if opts.resume:
-        check_same_definition(run_dir, defined)
+        bundle.check_resume(run_dir, defined, selected)
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         if not opts.resume:
-            atomic_write(run_dir / DEFINITION, json.dumps(defined, indent=1, sort_keys=True))
+            bundle.write_manifest(run_dir, defined=defined, selected=selected, cells=[c.id for c in chosen.cells])
     except OSError as exc:
         raise InfraError(f"cannot create {run_dir}: {exc.strerror}") from None
     torn = results.repair_tail(run_dir)
@@ -214,40 +223,55 @@ def run(opts: Options, env: Mapping[str, str], say: Printer | None = None) -> in
     return code
 
 
-DEFINITION = "run.json"
-
-
-def _digest(data: bytes | str) -> str:
-    return hashlib.sha256(data.encode() if isinstance(data, str) else data).hexdigest()[:16]
-
-
 def definition(opts: Options, loaded: Loaded) -> dict[str, str]:
-    """What a run is: a resumed run must be the same run (matrix, candidate, policy, suite, selection)."""
-    suite_path = opts.suite or BUNDLED_SUITE
-    suite = _digest(suite_path.read_bytes()) if suite_path.is_file() else images.suite_digest(suite_path)
-    return {
-        "matrix": f"{opts.matrix} sha256:{_digest(opts.matrix.read_bytes())}",
-        "candidate": ", ".join(str(v) for v in loaded.torch),
-        "policy": f"{loaded.policy.origin} sha256:{_digest(repr(loaded.policy))}",
-        "suite": f"{suite_path} sha256:{suite[:16]}",
-        "selection": f"only={list(opts.only)} shard={opts.shard}",
-        "profile": str(opts.profile),
-        "pytest_args": " ".join(opts.pytest_args),
-    }
+    """What this run is (see `bundle.definition`): equal on every runner of one fleet run."""
+    return bundle.definition(matrix=opts.matrix, config_dir=opts.config_dir, candidate=loaded.torch,
+                             policy=loaded.policy, suite=opts.suite or BUNDLED_SUITE, profile=opts.profile,
+                             pytest_args=opts.pytest_args, platform_checks=opts.platform_checks)
 
 
-def check_same_definition(run_dir: Path, defined: Mapping[str, str]) -> None:
-    path = run_dir / DEFINITION
+def merge(opts: Options, env: Mapping[str, str], paths: list[Path], say: Printer | None = None) -> int:
+    """`stackgate merge`: one verdict over the bundles of a fleet run. The whole matrix is gated once;
+    a required cell that no bundle ran is "not run" and makes the verdict INCONCLUSIVE, by pool."""
+    console = Console(say)
+    say = console.say
+    loaded = load(opts, env, matrix.LocalHost())
+    fleet = {n: replace(p, is_local=False) for n, p in loaded.pools.items()}  # the merge machine runs nothing
+    everything = matrix.expand(loaded.spec, fleet, loaded.production, loaded.table, torch_versions=loaded.torch,
+                               source=loaded.source)
+    everything = matrix.require(everything, loaded.policy.required_cells)
+    defined = definition(opts, loaded)
+    bundles = bundle.load_bundles(paths, defined)
+    merged: dict[str, CellResult] = {}
+    problems: list[str] = []
+    for b in bundles:
+        merged.update(b.read.results)
+        problems += [f"{b.path.name}: {p}" for p in b.read.problems]
+    ran_pools = sorted({p for b in bundles for p in b.pools.split()})
+    cells = tuple(n.cell for n in everything.not_here if n.cell.id in merged)
+    missing = tuple(NotHere(n.cell, f"not run: no bundle ran pool {n.cell.pool.name} (bundles ran: "
+                                    f"{', '.join(ran_pools) or 'none'})")
+                    for n in everything.not_here if n.cell.id not in merged)
+    chosen = matrix.Expansion(cells=cells, not_here=missing, pruned=everything.pruned)
+    run_id = opts.run_id or new_run_id(f"{loaded.spec.name}-merged")
+    run_dir = opts.reports / run_id
+    if (run_dir / results.RESULTS).exists():
+        raise ConfigError(f"{run_dir} already holds results", hint="pass another --run-id or --reports")
     try:
-        before = json.loads(path.read_text())
-    except (OSError, ValueError):
-        raise ConfigError(f"cannot resume: {path} is missing or unreadable, so it is unknown what that run was",
-                          hint="start a new run instead of resuming") from None
-    changed = [f"{k}: was {before.get(k)!r}, now {v!r}" for k, v in defined.items() if before.get(k) != v]
-    if changed:
-        raise ConfigError(f"cannot resume {run_dir.name}: the run's definition changed: " + "; ".join(changed),
-                          hint="resume with the same matrix, candidate, policy, suite and selection, or start a "
-                               "new run")
+        run_dir.mkdir(parents=True, exist_ok=True)
+        for result in merged.values():
+            results.append(run_dir, result)
+        bundle.write_manifest(run_dir, defined=defined, selected=bundle.selection(pools=ran_pools, only=(), shard=None),
+                              cells=[c.id for c in cells], merged_from=[str(b.path) for b in bundles])
+    except OSError as exc:
+        raise InfraError(f"cannot write {run_dir}: {exc.strerror}") from None
+    say(f"stackgate merge: {len(bundles)} bundle(s) (pools {', '.join(ran_pools) or 'none'}), {len(cells)} cell(s) "
+        f"with results, {len(missing)} without -> {run_dir}")
+    code, history_error = _decide_and_report(opts, env, loaded, chosen, run_id, run_dir, now(), say,
+                                             extra_problems=problems)
+    if history_error:
+        raise InfraError(history_error + f" (the reports are written: {run_dir})")
+    return code
 
 
 @contextlib.contextmanager
@@ -265,10 +289,12 @@ def _signals_held() -> Iterator[None]:
 
 
 def _decide_and_report(opts: Options, env: Mapping[str, str], loaded: Loaded, chosen: matrix.Expansion,
-                       run_id: str, run_dir: Path, started: str, say: Printer) -> tuple[int, str | None]:
+                       run_id: str, run_dir: Path, started: str, say: Printer,
+                       extra_problems: Sequence[str] = ()) -> tuple[int, str | None]:
     read = results.read_all(run_dir)
     all_results = read.results
-    outcome = gate.decide(chosen.cells, chosen.not_here, all_results, loaded.policy, dt.date.today(), read.problems)
+    outcome = gate.decide(chosen.cells, chosen.not_here, all_results, loaded.policy, dt.date.today(),
+                          (*read.problems, *extra_problems))
     report = RunReport(
         run_id=run_id, matrix=loaded.spec.name, channel=loaded.spec.channel, started=started, finished=now(),
         gate=outcome, gating_exit_code=loaded.policy.inconclusive_exit_code, cells=chosen.cells,

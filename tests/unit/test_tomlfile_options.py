@@ -73,8 +73,8 @@ def test_every_option_is_declared_once_for_argparse_the_cascade_and_the_report()
                                    "--profile", "quick"]))
     assert set(args) == {f.name for f in options.declared("run")}  # one argument per declared option
     opts = options.resolve(args, {}, None)
-    assert opts.pytest_args == ("-k", "x") and opts.rollback is False and opts.pool == "cpu-a"
-    assert opts.describe()["pool"] == {"value": "cpu-a", "from": "command line"}
+    assert opts.pytest_args == ("-k", "x") and opts.rollback is False and opts.pool == ("cpu-a",)
+    assert opts.describe()["pool"] == {"value": ["cpu-a"], "from": "command line"}
     assert set(opts.describe()) == {f.name for f in options.declared()}
     with pytest.raises(SystemExit):
         parser.parse_args(["--profile", "huge"])  # choices come from the declaration's parser

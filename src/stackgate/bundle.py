@@ -1,0 +1,127 @@
+"""Bundles: every run directory is one. `run.json` is its manifest: the run definition (what was
+tested and how it is judged, independent of the machine: content hashes, not paths), the selection
+(which pools, cells and shard this runner took), the stackgate version and the host probe.
+
+`--resume` must see the same definition and selection; `stackgate merge` needs bundles with one
+definition and gates the whole matrix over their results."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from stackgate import __version__, images, results
+from stackgate.errors import ConfigError
+from stackgate.policy import Policy
+from stackgate.report.files import atomic_write
+
+MANIFEST = "run.json"
+
+
+def digest(data: bytes | str) -> str:
+    return hashlib.sha256(data.encode() if isinstance(data, str) else data).hexdigest()[:16]
+
+
+def policy_fingerprint(policy: Policy) -> str:
+    """What the policy decides with, without where it was read from."""
+    data = {k: v for k, v in dataclasses.asdict(policy).items() if k not in ("path", "origin")}
+    return digest(json.dumps(data, sort_keys=True, default=str))
+
+
+def definition(*, matrix: Path, config_dir: Path, candidate: Sequence[object], policy: Policy, suite: Path,
+               profile: str, pytest_args: Sequence[str], platform_checks: bool) -> dict[str, str]:
+    """The run definition: equal on every runner of one fleet run (no absolute paths in it)."""
+    suite_hash = digest(suite.read_bytes()) if suite.is_file() else images.suite_digest(suite)[:16]
+    config = {name: digest((config_dir / name).read_bytes()) for name in ("compat.toml", "fleet.toml",
+                                                                         "production.toml")}
+    return {
+        "matrix": f"{matrix.name} sha256:{digest(matrix.read_bytes())}",
+        "config": " ".join(f"{k}:{v}" for k, v in sorted(config.items())),
+        "candidate": ", ".join(str(v) for v in candidate),
+        "policy": f"sha256:{policy_fingerprint(policy)}",
+        "suite": f"{suite.name} sha256:{suite_hash}",
+        "profile": profile,
+        "pytest_args": " ".join(pytest_args),
+        "platform_checks": str(platform_checks),
+    }
+
+
+def definition_hash(defined: Mapping[str, str]) -> str:
+    return digest(json.dumps(dict(defined), sort_keys=True))
+
+
+def selection(*, pools: Sequence[str], only: Sequence[str], shard: str | None) -> dict[str, str]:
+    return {"pools": " ".join(pools) or "detected", "only": " ".join(only), "shard": shard or ""}
+
+
+def write_manifest(run_dir: Path, *, defined: Mapping[str, str], selected: Mapping[str, str], cells: Sequence[str],
+                   host_probe: Mapping[str, Any] | None = None, merged_from: Sequence[str] = ()) -> None:
+    atomic_write(run_dir / MANIFEST, json.dumps({
+        "definition": dict(defined), "definition_hash": definition_hash(defined), "selection": dict(selected),
+        "stackgate_version": __version__, "cells": list(cells), "host_probe": dict(host_probe or {}),
+        "merged_from": list(merged_from),
+    }, indent=1, sort_keys=True))
+
+
+def read_manifest(run_dir: Path) -> dict[str, Any]:
+    path = run_dir / MANIFEST
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        raise ConfigError(f"{path} is missing or unreadable: {run_dir} is not a stackgate run (bundle)",
+                          hint="a bundle is the run directory `stackgate run` wrote (reports/<run-id>)") from None
+    if not isinstance(data, dict) or not isinstance(data.get("definition"), dict):
+        raise ConfigError(f"{path} has no run definition", hint="was it written by an older stackgate?")
+    return data
+
+
+def differences(before: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
+    return [f"{k}: was {before.get(k)!r}, now {now.get(k)!r}" for k in sorted(set(before) | set(now))
+            if before.get(k) != now.get(k)]
+
+
+def check_resume(run_dir: Path, defined: Mapping[str, str], selected: Mapping[str, str]) -> None:
+    """A resumed run must be the same run: same definition, same selection."""
+    manifest = read_manifest(run_dir)
+    changed = differences(manifest["definition"], defined) + differences(manifest.get("selection", {}), selected)
+    if changed:
+        raise ConfigError(f"cannot resume {run_dir.name}: the run's definition changed: " + "; ".join(changed),
+                          hint="resume with the same matrix, candidate, policy, suite and selection, or start a "
+                               "new run")
+
+
+@dataclass(frozen=True)
+class Bundle:
+    path: Path
+    manifest: dict[str, Any]
+    read: results.ResultLines
+
+    @property
+    def pools(self) -> str:
+        return str(self.manifest.get("selection", {}).get("pools", "?"))
+
+
+def load_bundles(paths: Sequence[Path], defined: Mapping[str, str]) -> list[Bundle]:
+    """Every bundle, checked against the merge's own definition: a bundle of another candidate,
+    policy, suite or matrix is refused (exit 2), saying which differ. A cell in two bundles too."""
+    bundles = []
+    owner: dict[str, Path] = {}
+    for path in paths:
+        manifest = read_manifest(path)
+        changed = differences(manifest["definition"], defined)
+        if changed:
+            raise ConfigError(f"bundle {path} belongs to another run definition: " + "; ".join(changed),
+                              hint="merge only the bundles of one fleet run (same matrix, candidate, policy, suite)")
+        read = results.read_all(path)
+        for cell_id in read.results:
+            if cell_id in owner:
+                raise ConfigError(f"cell {cell_id} is in two bundles: {owner[cell_id]} and {path}",
+                                  hint="each pool (or shard) must be merged once")
+            owner[cell_id] = path
+        bundles.append(Bundle(path, manifest, read))
+    return bundles
