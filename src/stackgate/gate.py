@@ -175,9 +175,10 @@ def _cell_reasons(cell: Cell, result: CellResult, is_required: bool, policy: Pol
     # a failing baseline makes the comparison meaningless: the candidate cannot be judged
     bad = Severity.INCONCLUSIVE if is_prod else (Severity.BLOCKING if is_required else Severity.INFO)
     prefix = "production baseline: " if is_prod else ""
-    if result.status is Status.INFRA_ERROR:  # the machinery failed, not the stack: no verdict on it
-        out.append(Reason(Severity.INCONCLUSIVE, f"{prefix}infrastructure error: {result.reason}", cell=cell.id,
-                          kind="cell-infra-error"))
+    if result.status.is_machinery:  # the machinery or the host failed, not the stack: no verdict on it
+        what = "infrastructure error" if result.status is Status.INFRA_ERROR else f"{result.status.value} (host probe)"
+        out.append(Reason(Severity.INCONCLUSIVE, f"{prefix}{what}: {result.reason}", cell=cell.id,
+                          kind=f"cell-{result.status.value}"))
         return out
     if not _ran(result):
         out.append(Reason(bad, f"{prefix}cell {result.status.value}: {result.reason}", cell=cell.id,

@@ -14,10 +14,11 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from packaging.version import Version
 
-from stackgate import bundle, gate, history, matrix, proc, resolve, results, sources
+from stackgate import bundle, gate, history, matrix, probe, proc, resolve, results, sources
 from stackgate import compat as compat_mod
 from stackgate.backends.base import Backend, EnvHandle, PrepareFailed, RunContext
 from stackgate.bundled import BUNDLED_SUITE
@@ -166,8 +167,11 @@ def run(opts: Options, env: Mapping[str, str], say: Printer | None = None) -> in
                           hint=(f"not run here: {away}" if away else "check --only and the matrix axes")
                           + f"; pruned: {len(chosen.pruned)}")
 
-    say(f"resolving the requirements of {len(plan_envs(chosen.cells))} stack(s)")
-    resolutions = resolve.resolve_all([p.stack for p in plan_envs(chosen.cells)], loaded.table, loaded.host_pip, env)
+    probes = probe_pools(chosen.cells, say)  # before anything is resolved or built for a host that cannot run it
+    unfit = {p.pool: p for p in probes if not p.ok}
+    runnable = tuple(c for c in chosen.cells if c.pool.name not in unfit)
+    say(f"resolving the requirements of {len(plan_envs(runnable))} stack(s)")
+    resolutions = resolve.resolve_all([p.stack for p in plan_envs(runnable)], loaded.table, loaded.host_pip, env)
     backend = make_backend(opts, loaded, env, say)
     if opts.resume:
         run_dir = results.resume_dir(opts.reports, opts.resume)
@@ -183,8 +187,9 @@ def run(opts: Options, env: Mapping[str, str], say: Printer | None = None) -> in
         bundle.check_resume(run_dir, defined, selected)
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
-        if not opts.resume:
-            bundle.write_manifest(run_dir, defined=defined, selected=selected, cells=[c.id for c in chosen.cells])
+        if not opts.resume or probes:
+            bundle.write_manifest(run_dir, defined=defined, selected=selected, cells=[c.id for c in chosen.cells],
+                                  host_probe={p.pool: p.to_json() for p in probes})
     except OSError as exc:
         raise InfraError(f"cannot create {run_dir}: {exc.strerror}") from None
     torn = results.repair_tail(run_dir)
@@ -194,9 +199,15 @@ def run(opts: Options, env: Mapping[str, str], say: Printer | None = None) -> in
     started = now()
     say(f"stackgate {loaded.spec.name}: run {run_id}, {len(chosen.cells)} cell(s) here, "
         f"{len(chosen.not_here)} not run here, {len(chosen.pruned)} pruned -> {run_dir}")
-    for cell in chosen.not_here:
-        say(f"  not run here: {cell.cell.id}")
+    for left in chosen.not_here:
+        say(f"  not run here: {left.cell.id}")
 
+    for cell in chosen.cells:  # a host that does not match its pool, or is unhealthy, runs nothing
+        found = unfit.get(cell.pool.name)
+        if found is not None and (cell.id not in done or done[cell.id].status.is_machinery):
+            results.append(run_dir, CellResult(cell.id, cell.role, Status(found.status), reason="; ".join(
+                found.evidence), cell=cell.to_json(), environment={"host_probe": found.to_json()}))
+    done = results.read(run_dir)
     suite = SuiteSpec(path=(opts.suite or BUNDLED_SUITE).resolve(), pytest_args=tuple(opts.pytest_args),
                       profile=opts.profile, timeout_s=opts.timeout, platform_checks=opts.platform_checks,
                       env=parse_suite_env(opts.suite_env))
@@ -205,7 +216,7 @@ def run(opts: Options, env: Mapping[str, str], say: Printer | None = None) -> in
     ctx = RunContext(run_id=run_id, run_dir=run_dir, suite=suite, on_line=progress.line)
     interrupted: KeyboardInterrupt | None = None
     try:
-        _run_cells(backend, chosen.cells, ctx, done, opts, progress, console, resolutions)
+        _run_cells(backend, runnable, ctx, done, opts, progress, console, resolutions)
     except KeyboardInterrupt as exc:
         interrupted = exc
         stopped = proc.stop_all()
@@ -221,6 +232,22 @@ def run(opts: Options, env: Mapping[str, str], say: Printer | None = None) -> in
         raise InfraError(history_error + f" (the reports are written: {run_dir})",
                          hint="check the file, or pass --history PATH to use another database")
     return code
+
+
+def probe_pools(cells: Sequence[Cell], say: Printer) -> list[probe.ProbeResult]:
+    """Probe this machine once for every GPU pool it runs cells of (see `probe`)."""
+    pools = {c.pool.name: c.pool for c in cells if c.pool.has_gpu}
+    if not pools:
+        return []
+    facts = probe.gather()
+    out = []
+    for name, pool in sorted(pools.items()):
+        needs = sorted({str(c.stack.cuda.cuda_version) for c in cells
+                        if c.pool.name == name and c.stack.cuda.cuda_version is not None})
+        found = probe.check(pool, facts, needs)
+        say(f"host probe for pool {name}: {found.status}: {'; '.join(found.evidence)[:400]}")
+        out.append(found)
+    return out
 
 
 def definition(opts: Options, loaded: Loaded) -> dict[str, str]:
@@ -300,7 +327,7 @@ def _decide_and_report(opts: Options, env: Mapping[str, str], loaded: Loaded, ch
         gate=outcome, gating_exit_code=loaded.policy.inconclusive_exit_code, cells=chosen.cells,
         results=all_results, not_here=chosen.not_here, pruned=chosen.pruned,
         diffs=stack_diffs(chosen.cells, all_results), options=opts.describe(),
-        trends={},
+        trends={}, host_probe=_manifest_probe(run_dir),
     )
     code = exit_code(report)
     history_error = None
@@ -323,6 +350,14 @@ def _decide_and_report(opts: Options, env: Mapping[str, str], loaded: Loaded, ch
         say(line)
     say(f"reports: {run_dir}/report.md report.json junit.xml report.html")
     return code, history_error
+
+
+def _manifest_probe(run_dir: Path) -> dict[str, Any]:
+    try:
+        found = bundle.read_manifest(run_dir).get("host_probe") or {}
+    except ConfigError:
+        return {}
+    return dict(found) if isinstance(found, dict) else {}
 
 
 def why_lines(verdict: Verdict, limit: int = 10) -> list[str]:
@@ -353,7 +388,7 @@ def parse_suite_env(items: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
 
 
 def exit_code(report: RunReport) -> int:
-    if any(r.status is Status.INFRA_ERROR for r in report.results.values()):
+    if any(r.status.is_machinery for r in report.results.values()):
         return int(ExitCode.INFRA)  # the run could not decide; `--resume` retries those cells
     decision = report.gate.verdict.decision.value
     if decision == "GO":
@@ -413,7 +448,7 @@ def _run_cells(backend: Backend, cells: tuple[Cell, ...], ctx: RunContext, done:
     ordered = run_order(cells)
     by_id = {c.id: c for c in cells}
     for cell in ordered:
-        if cell.id in done and done[cell.id].status is not Status.INFRA_ERROR:
+        if cell.id in done and not done[cell.id].status.is_machinery:
             say(f"skip {cell.id}: finished in the resumed run ({done[cell.id].status.value})")
             continue
         handle = handle_for(cell)
@@ -431,7 +466,7 @@ def _run_cells(backend: Backend, cells: tuple[Cell, ...], ctx: RunContext, done:
                 ran.status not in (Status.PASSED, Status.FAILED):
             continue
         earlier = finished.get(base.result_id("rollback", cand))
-        if earlier is not None and earlier.status is not Status.INFRA_ERROR:  # infra errors are retried
+        if earlier is not None and not earlier.status.is_machinery:  # infra and host errors are retried
             continue
         handle = handle_for(base)
         if isinstance(handle, (PrepareFailed, InfraProblem)):

@@ -54,6 +54,7 @@ class RunReport:
     diffs: tuple[StackDiff, ...]
     options: Mapping[str, Any] = field(default_factory=dict)
     trends: Mapping[str, Sequence[tuple[str, float]]] = field(default_factory=dict)
+    host_probe: Mapping[str, Any] = field(default_factory=dict)  # pool -> the host probe's result on this runner
 
     @property
     def evidence(self) -> Evidence:
@@ -103,7 +104,8 @@ def stack_diffs(cells: Sequence[Cell], results: Mapping[str, CellResult]) -> tup
             continue
         seen_pairs.add(pair)
         facts = []
-        for key in ("torch", "cuda", "nccl", "cudnn", "triton", "python", "numpy"):
+        for key in ("torch", "cuda", "nccl", "cudnn", "triton", "python", "numpy", "nvidia_driver", "cuda_driver_api",
+                    "cuda_compat_in_use"):
             a, b = str(bres.environment.get(key)), str(cres.environment.get(key))
             facts.append((key, a, b))
         bp, cp = _packages(bres), _packages(cres)

@@ -18,6 +18,7 @@
                   packages: [{name, production, candidate, kind}]}]
     new_warnings: {cell: [warning]}
     trends: {metric: [[run_id, value]]}
+    host_probe: {pool: {status, evidence, facts}}   -- the runner checked against its pool's declaration
 """
 
 from __future__ import annotations
@@ -81,6 +82,7 @@ def to_json(report: RunReport, exit_code: int) -> dict[str, Any]:
         ],
         "new_warnings": {k: list(v) for k, v in ev.new_warnings.items()},
         "trends": {k: [list(p) for p in v] for k, v in report.trends.items()},
+        "host_probe": dict(report.host_probe),
     }
 
 

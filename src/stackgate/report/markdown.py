@@ -46,6 +46,11 @@ def render(report: RunReport) -> str:
             lines += [f"| {md_escape(p.name)} | {md_escape(p.production or '-')} | {md_escape(p.candidate or '-')} |"
                       for p in shown]
         lines.append("")
+    if report.host_probe:
+        lines += ["## Host probe", "", "| pool | status | evidence |", "|---|---|---|"]
+        lines += [f"| {md_escape(pool)} | {md_escape(str(found.get('status')))} | "
+                  f"{md_escape('; '.join(found.get('evidence', []))[:600])} |" for pool, found in report.host_probe.items()]
+        lines.append("")
     lines += ["## Matrix", "", "| cell | role | required | status | tests | time | reason |", "|---|---|---|---|---|---|---|"]
     for cell, result in report.result_rows():
         if result is None:

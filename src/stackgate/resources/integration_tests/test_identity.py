@@ -60,6 +60,29 @@ def _cudnn_versions() -> tuple[int | None, int | None]:
     return runtime, compile_time
 
 
+def _forward_compat_observed() -> dict:
+    """What the process really loaded: the kernel driver's version, the CUDA driver API version the
+    loaded libcuda offers, and where that libcuda came from (a `compat` directory means the
+    cuda-compat package is in use)."""
+    driver = None
+    try:
+        text = Path("/proc/driver/nvidia/version").read_text()
+        match = re.search(r"Kernel Module(?: for \S+)?\s+(\d+\.\d+(?:\.\d+)?)", text)
+        driver = match.group(1) if match else text.splitlines()[0][:120]
+    except OSError:
+        pass
+    api = None
+    if torch.cuda.is_available():
+        try:
+            version = torch._C._cuda_getDriverVersion()  # noqa: SLF001 - cuDriverGetVersion, e.g. 13000
+            api = f"{version // 1000}.{version % 1000 // 10}"
+        except Exception:  # noqa: BLE001
+            api = None
+    libcuda = _loaded_libraries(r"libcuda\.so")
+    return {"nvidia_driver": driver, "cuda_driver_api": api, "libcuda": libcuda,
+            "cuda_compat_in_use": any("compat" in path for path in libcuda)}
+
+
 def test_capture_environment(expect) -> None:
     runtime, compile_time = _cudnn_versions()
     if expect.cuda.startswith("cu"):
@@ -86,6 +109,7 @@ def test_capture_environment(expect) -> None:
         "gloo_available": torch.distributed.is_gloo_available(),
         "nccl_available": torch.distributed.is_nccl_available(),
         "nvidia_wheels": _nvidia_wheels(),
+        **_forward_compat_observed(),
         "packages": sorted(f"{d.metadata['Name']}=={d.version}" for d in md.distributions()),
         "executable": sys.executable,
     })
