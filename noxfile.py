@@ -55,7 +55,16 @@ def tests(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def lint(session: nox.Session) -> None:
-    """ruff and mypy --strict on the package."""
-    session.install("-e", ".", "ruff==0.17.6", "mypy==2.4.1")
+    """ruff, mypy --strict on the package, and the generated CI workflows: current and schema-valid."""
+    session.install("-e", ".", "ruff==0.17.6", "mypy==2.4.1", "check-jsonschema==0.39.0")
     session.run("ruff", "check", "src", "tests", "noxfile.py")
     session.run("mypy")
+    session.run("stackgate", "ci", "github", "--check")
+    session.run("check-jsonschema", "--builtin-schema", "vendor.github-workflows", ".github/workflows/nightly.yml",
+                ".github/workflows/upgrade-gate.yml")
+
+
+@nox.session(name="ci-workflows", python=PYTHON)
+def ci_workflows(session: nox.Session) -> None:
+    """Regenerate .github/workflows from matrix/fleet.toml."""
+    _stackgate(session, "ci", "github")

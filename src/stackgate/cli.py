@@ -28,6 +28,12 @@ def build_parser() -> argparse.ArgumentParser:
     mg.add_argument("--out", metavar="DIR", help="write the merged run here (default reports/<run-id>)")
     options.add_arguments(mg, "merge")
 
+    ci = sub.add_parser("ci", help="CI workflows").add_subparsers(dest="ci_command", required=True)
+    gh = ci.add_parser("github", help="write .github/workflows/{nightly,upgrade-gate}.yml from matrix/fleet.toml")
+    gh.add_argument("--config-dir", help="default: matrix (in this directory), else the bundled data")
+    gh.add_argument("--out", default=".github/workflows", help="directory to write (default .github/workflows)")
+    gh.add_argument("--check", action="store_true", help="write nothing; exit 1 if the files differ from generated")
+
     comp = sub.add_parser("compat", help="compatibility rules").add_subparsers(dest="compat_command", required=True)
     check = comp.add_parser("check", help="can this driver run this CUDA build of this torch?")
     check.add_argument("--driver", help="NVIDIA driver version (omit for a CPU runner)")
@@ -107,6 +113,8 @@ def _dispatch(args: argparse.Namespace) -> int:
             cli.update(reports=str(out.parent), run_id=out.name)
         opts = options.resolve(cli, os.environ, Path("stackgate.toml"))
         return pipeline.merge(opts, dict(os.environ), [Path(b).absolute() for b in args.bundles])
+    if args.command == "ci":
+        return _ci_github(args)
     if args.command == "compat":
         return _compat_check(args)
     if args.command == "matrix":
@@ -237,4 +245,29 @@ def _prune(args: argparse.Namespace) -> int:
     engine.remove_images(stale)
     reclaimed = engine.prune_dangling()
     print(f"removed {len(stale)} image(s); dangling build stages: {reclaimed / 2**30:.1f} GiB reclaimed")
+    return 0
+
+
+def _ci_github(args: argparse.Namespace) -> int:
+    from stackgate import ci, matrix
+    from stackgate.bundled import MATRIX_DIR
+    cfg = Path(args.config_dir).absolute() if args.config_dir else (
+        Path("matrix").absolute() if Path("matrix", "fleet.toml").is_file() else MATRIX_DIR)
+    pools = matrix.load_pools(cfg / "fleet.toml", matrix.LocalHost())
+    pools_of = {f"matrix/{name}.toml": ci.pools_for(matrix.load_matrix(cfg / f"{name}.toml").pools, pools)
+                for name in ("nightly", "upgrade")}
+    out = Path(args.out)
+    stale = []
+    for filename, text in ci.workflows(pools_of).items():
+        target = out / filename
+        if args.check:
+            if not target.is_file() or target.read_text() != text:
+                stale.append(str(target))
+            continue
+        out.mkdir(parents=True, exist_ok=True)
+        target.write_text(text)
+        print(f"wrote {target}")
+    if stale:
+        print(f"out of date (run `stackgate ci github`): {', '.join(stale)}", file=sys.stderr)
+        return 1
     return 0

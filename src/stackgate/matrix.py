@@ -151,12 +151,15 @@ def load_pools(path: Path, local: LocalHost) -> dict[str, RunnerPool]:
     doc = tomlfile.load(path)
     tomlfile.check_keys(doc, doc.data, ["pool"])
     pools: dict[str, RunnerPool] = {}
-    keys = ["detect", "driver", "gpu_class", "gpu", "gpus_per_node", "transport", "nodes"]
+    keys = ["detect", "driver", "gpu_class", "gpu", "gpus_per_node", "transport", "nodes", "runs_on"]
     for name, row in tomlfile.get(doc, doc.data, "pool", dict).items():
         if not re.fullmatch(r"[a-z0-9][a-z0-9\-]*", name):
             raise doc.error(f"pool name {name!r} must be lower-case letters, digits and '-'", "pool", name)
         tomlfile.check_keys(doc, row, keys, "pool", name)
         nodes = tomlfile.get(doc, row, "nodes", int, "pool", name, default=1)
+        if nodes < 1:
+            raise doc.error(f"pool {name}: nodes = {nodes}; a pool has at least one node", "pool", name, "nodes")
+        runs_on = tomlfile.str_list(doc, row, "runs_on", "pool", name, default=[])
         detect = tomlfile.get(doc, row, "detect", bool, "pool", name, default=False)
         # the expected network is what the pool declares; a detected pool that declares none expects "any"
         transport = _parse(doc, Transport, tomlfile.get(doc, row, "transport", str, "pool", name,
@@ -166,7 +169,7 @@ def load_pools(path: Path, local: LocalHost) -> dict[str, RunnerPool]:
             pools[name] = RunnerPool(
                 name=name, driver=local.driver, gpu_class=local.gpu_class, gpu=local.gpu or "cpu",
                 gpus_per_node=local.gpu_count, transport=transport if local.gpu_count else Transport.NONE,
-                nodes=nodes, is_local=True,
+                nodes=nodes, is_local=True, runs_on=runs_on,
             )
             continue
         driver = tomlfile.get(doc, row, "driver", str, "pool", name, default="")
@@ -179,6 +182,7 @@ def load_pools(path: Path, local: LocalHost) -> dict[str, RunnerPool]:
             gpus_per_node=tomlfile.get(doc, row, "gpus_per_node", int, "pool", name, default=0),
             transport=transport,
             nodes=nodes,
+            runs_on=runs_on,
         )
     return pools
 

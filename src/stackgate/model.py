@@ -44,6 +44,7 @@ class RunnerPool:
     transport: Transport = Transport.NONE
     nodes: int = 1
     is_local: bool = False
+    runs_on: tuple[str, ...] = ()  # CI runner labels of this pool (`stackgate ci github`)
 
     @property
     def has_gpu(self) -> bool:
