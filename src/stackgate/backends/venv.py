@@ -25,6 +25,7 @@ from stackgate.resolve import is_network_failure
 from stackgate.sources import PipConfig, installer_args
 
 MARKER = "stackgate-env.json"
+LAYOUT = 2  # bump when the way environments are built changes (2: bytecode compiled at build time)
 
 
 class VenvBackend:
@@ -40,7 +41,7 @@ class VenvBackend:
 
     # ------------------------------------------------------------------------------------ prepare
     def key(self, stack: Stack, reqs: list[str]) -> str:
-        blob = json.dumps({"stack": stack.to_json(), "requirements": reqs,
+        blob = json.dumps({"stack": stack.to_json(), "requirements": reqs, "layout": LAYOUT,
                            "installer": installer_args(stack.source, self.host_pip)}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -67,7 +68,8 @@ class VenvBackend:
         uv = [sys.executable, "-m", "uv"]
         steps = [
             [*uv, "venv", "--quiet", "--python", stack.python, str(staging)],
-            [*uv, "pip", "install", "--python", str(staging / "bin" / "python"),
+            # bytecode compiled once, into the cache: every rank of every test imports torch
+            [*uv, "pip", "install", "--compile-bytecode", "--python", str(staging / "bin" / "python"),
              *installer_args(stack.source, self.host_pip), *reqs],
         ]
         env = {**self.env, "UV_PYTHON_DOWNLOADS": "never", "VIRTUAL_ENV": str(staging)}
