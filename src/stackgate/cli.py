@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from stackgate import __version__, options
-from stackgate.errors import ExitCode, Interrupted, StackgateError
+from stackgate.errors import ConfigError, ExitCode, Interrupted, StackgateError
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -27,6 +27,12 @@ def build_parser() -> argparse.ArgumentParser:
     mg.add_argument("bundles", nargs="+", metavar="BUNDLE", help="run directories written by `stackgate run --pool`")
     mg.add_argument("--out", metavar="DIR", help="write the merged run here (default reports/<run-id>)")
     options.add_arguments(mg, "merge")
+
+    cal = sub.add_parser("calibrate", help="A/A runs of production: this runner's noise per gated metric, "
+                                           "and the tolerance and repeats a target change needs")
+    cal.add_argument("--runs", type=int, default=6, help="A/A runs (pairs are consecutive runs; default 6)")
+    cal.add_argument("--target", type=float, default=0.05, help="the change to detect (default 0.05 = 5%%)")
+    options.add_arguments(cal, "run")
 
     ci = sub.add_parser("ci", help="CI workflows").add_subparsers(dest="ci_command", required=True)
     gh = ci.add_parser("github", help="write .github/workflows/{nightly,upgrade-gate}.yml from matrix/fleet.toml")
@@ -113,6 +119,15 @@ def _dispatch(args: argparse.Namespace) -> int:
             cli.update(reports=str(out.parent), run_id=out.name)
         opts = options.resolve(cli, os.environ, Path("stackgate.toml"))
         return pipeline.merge(opts, dict(os.environ), [Path(b).absolute() for b in args.bundles])
+    if args.command == "calibrate":
+        from stackgate import pipeline
+        if args.runs < 4 or args.runs % 2:
+            raise ConfigError(f"--runs {args.runs}: need an even number >= 4 (A/A pairs)")
+        if not 0 < args.target < 1:
+            raise ConfigError(f"--target {args.target}: a fraction such as 0.05")
+        cli = {k: v for k, v in vars(args).items() if k not in ("command", "runs", "target")}
+        opts = options.resolve(cli, os.environ, Path("stackgate.toml"))
+        return pipeline.calibrate(opts, dict(os.environ), runs=args.runs, target=args.target)
     if args.command == "ci":
         return _ci_github(args)
     if args.command == "compat":

@@ -113,7 +113,8 @@ def decide(cells: Sequence[Cell], not_here: Sequence[NotHere], results: Mapping[
             continue
         if not (_ran(bres) and _ran(cres)):
             continue  # a cell that did not run its suite has its own reason above
-        c_cmp, c_par, c_reasons = _compare(cand, base, cres, bres, policy, missing)
+        c_cmp, c_par, c_reasons = _compare(cand, base, cres, bres, policy, missing,
+                                           repeats=repeat_pairs(cand, base, results))
         comparisons += c_cmp
         parity += c_par
         reasons += c_reasons
@@ -231,8 +232,33 @@ def _metric_index(result: CellResult) -> dict[str, Metric]:
     return {m.key: m for m in result.metrics}
 
 
+def repeat_pairs(cand: Cell, base: Cell, results: Mapping[str, CellResult]) -> list[tuple[CellResult, CellResult]]:
+    """The interleaved repeats of the performance-gated tests: (production, candidate) run r."""
+    pairs = []
+    for r in range(1, 10_000):
+        b, c = results.get(base.result_id(f"repeat{r}")), results.get(cand.result_id(f"repeat{r}"))
+        if b is None or c is None:
+            break
+        if _ran(b) and _ran(c):
+            pairs.append((b, c))
+    return pairs
+
+
+def _runs(key: str, main: tuple[CellResult, CellResult],
+          repeats: Sequence[tuple[CellResult, CellResult]]) -> tuple[list[tuple[float, ...]], list[tuple[float, ...]]]:
+    """A metric's samples per run, production and candidate, in pairs (main run, then each repeat)."""
+    base_runs, cand_runs = [], []
+    for b, c in (main, *repeats):
+        bm, cm = _metric_index(b).get(key), _metric_index(c).get(key)
+        if bm is not None and cm is not None and bm.samples and cm.samples:
+            base_runs.append(bm.samples)
+            cand_runs.append(cm.samples)
+    return base_runs, cand_runs
+
+
 def _compare(cand: Cell, base: Cell, cres: CellResult, bres: CellResult, policy: Policy,
-             missing: Severity) -> tuple[list[MetricComparison], list[ParityCheck], list[Reason]]:
+             missing: Severity, repeats: Sequence[tuple[CellResult, CellResult]] = ()
+             ) -> tuple[list[MetricComparison], list[ParityCheck], list[Reason]]:
     comparisons, parity, reasons = [], [], []
     bmetrics, cmetrics = _metric_index(bres), _metric_index(cres)
     for key in sorted(set(bmetrics) | set(cmetrics)):
@@ -268,8 +294,12 @@ def _compare(cand: Cell, base: Cell, cres: CellResult, bres: CellResult, policy:
                 reasons.append(Reason(Severity.INCONCLUSIVE, f"{key}: a sample is NaN or infinite: cannot compare",
                                       cell=cand.id, test=metric.test, kind="perf-inconclusive"))
             continue
+        base_runs, cand_runs = _runs(key, (bres, cres), repeats)
         if rule_p is not None and rule_p.method == "threshold":
             cmp = stats.threshold(other.samples, metric.samples, better=metric.better, tolerance=rule_p.tolerance)
+        elif rule_p is not None and len(base_runs) >= 2:  # interleaved repeats: per-run summaries, paired
+            cmp = stats.paired(base_runs, cand_runs, better=metric.better, tolerance=rule_p.tolerance,
+                               confidence=policy.confidence)
         else:
             # ungated metrics are shown, not judged: a coarser interval is enough for the report
             cmp = stats.compare(other.samples, metric.samples, better=metric.better,
@@ -284,9 +314,14 @@ def _compare(cand: Cell, base: Cell, cres: CellResult, bres: CellResult, policy:
                                   cell=cand.id, test=metric.test, kind="regression"))
         elif cmp.outcome is stats.Outcome.INCONCLUSIVE:
             few = min(len(metric.samples), len(other.samples)) < policy.min_samples
-            advice = (f"only {min(len(metric.samples), len(other.samples))} samples; need >= {policy.min_samples} "
-                      "(or gate it with method = \"threshold\")"
-                      if few else "noise too high to tell; add repeats (more steps/iterations) or a quieter runner")
+            if cmp.method == "paired":
+                advice = (f"noise too high to tell over {len(base_runs)} interleaved runs; raise repeats "
+                          "(`stackgate calibrate` says how many this runner needs) or use a quieter runner")
+            elif few:
+                advice = (f"only {min(len(metric.samples), len(other.samples))} samples; need >= {policy.min_samples} "
+                          "(or gate it with method = \"threshold\")")
+            else:
+                advice = "noise too high to tell; set repeats (interleaved runs) or use a quieter runner"
             reasons.append(Reason(Severity.INCONCLUSIVE, f"{key}: {cmp.describe(metric.unit)}: {advice}",
                                   cell=cand.id, test=metric.test, kind="perf-inconclusive"))
     return comparisons, parity, reasons

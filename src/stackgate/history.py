@@ -18,6 +18,10 @@ CREATE TABLE IF NOT EXISTS runs (
   run_id TEXT PRIMARY KEY, matrix TEXT, channel TEXT, started TEXT, finished TEXT,
   decision TEXT, verdict TEXT, candidate TEXT, summary TEXT
 );
+CREATE TABLE IF NOT EXISTS calibration (
+  pool TEXT, metric TEXT, sigma REAL, pairs INTEGER, run_id TEXT, recorded TEXT,
+  PRIMARY KEY (pool, metric, run_id)
+);
 CREATE TABLE IF NOT EXISTS metrics (
   run_id TEXT, cell_id TEXT, role TEXT, metric TEXT, unit TEXT, median REAL, n INTEGER,
   PRIMARY KEY (run_id, cell_id, metric)
@@ -109,3 +113,21 @@ def trends(path: Path, *, channel: str, matrix: str, limit: int = 10,
             if row[2] == Role.CANDIDATE.value:
                 add(current[0], row[3], row[5])
     return out
+
+
+def record_calibration(path: Path, *, pool: str, run_id: str, recorded: str,
+                       noise: Sequence[tuple[str, float, int]]) -> None:
+    """`stackgate calibrate`'s A/A noise per gated metric, for this pool."""
+    with connect(path) as conn:
+        conn.executemany("INSERT OR REPLACE INTO calibration VALUES (?,?,?,?,?,?)",
+                         [(pool, metric, sigma, pairs, run_id, recorded) for metric, sigma, pairs in noise])
+
+
+def calibration(path: Path, pool: str) -> dict[str, float]:
+    """The latest calibrated noise (sigma) per metric key of a pool."""
+    if not path.exists():
+        return {}
+    with connect(path) as conn:
+        rows = conn.execute("SELECT metric, sigma FROM calibration WHERE pool = ? ORDER BY recorded ASC, run_id ASC",
+                            (pool,)).fetchall()
+    return {metric: float(sigma) for metric, sigma in rows}

@@ -278,6 +278,7 @@ class Metric:
     test: str = ""
     better: str = "lower"  # lower | higher | equal
     tags: tuple[tuple[str, str], ...] = ()
+    nodeid: str = ""  # the pytest test that recorded it (for repeating the performance-gated tests)
 
     @property
     def key(self) -> str:
@@ -293,6 +294,7 @@ class Metric:
             "test": self.test,
             "better": self.better,
             "tags": dict(self.tags),
+            "nodeid": self.nodeid,
         }
 
     @classmethod
@@ -308,6 +310,7 @@ class Metric:
             test=str(data.get("test", "")),
             better=str(data.get("better", "lower")),
             tags=tuple(sorted((str(k), str(v)) for k, v in tags.items())),
+            nodeid=str(data.get("nodeid", "")),
         )
 
 

@@ -51,6 +51,13 @@ def _positive(v: Any) -> float:
     return x
 
 
+def _count(v: Any) -> int:
+    n = int(v)
+    if not 1 <= n <= 100:
+        raise ValueError("must be between 1 and 100")
+    return n
+
+
 def _bool(v: Any) -> bool:
     if isinstance(v, bool):
         return v
@@ -101,6 +108,9 @@ class Settings:
     shard: str | None = opt(None, str, "run shard I of N (pairs of cells stay together)", metavar="I/N")
     profile: str = opt("default", _choice("default", "quick"), "suite profile", commands=RUN_MERGE)
     timeout: float = opt(1800.0, _positive, "per-cell timeout in seconds")
+    repeats: int | None = opt(None, _count, "runs of the performance-gated tests per cell, interleaved production/"
+                                            "candidate (default: the policy's [performance] repeats)",
+                              commands=RUN_MERGE, metavar="N")
     reports: Path = opt("reports", _path, "reports directory", commands=RUN_MERGE)
     run_id: str | None = opt(None, str, "run id (default: time, matrix and a random suffix)", commands=RUN_MERGE)
     resume: str | None = opt(None, str, "continue a run; finished cells are skipped", metavar="RUN_ID")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import json
 import re
 import secrets
 import shutil
@@ -42,6 +43,7 @@ from stackgate.plan import plan_envs, run_order
 from stackgate.policy import Policy, load_for_suite
 from stackgate.report import html_report, json_report, junit, markdown
 from stackgate.report.data import RunReport, counts, now, stack_diffs
+from stackgate.report.files import atomic_write
 from stackgate.suite import PLATFORM_CHECKS, SuiteSpec
 from stackgate.versions import parse_torch
 
@@ -71,6 +73,8 @@ def load(opts: Options, env: Mapping[str, str], local: matrix.LocalHost) -> Load
         raise ConfigError(f"suite path {suite_path} does not exist", hint="--suite PATH to your pytest suite")
     policy = load_for_suite(suite=suite_path, bundled_suite=BUNDLED_SUITE, config_dir=cfg, explicit=opts.policy,
                             platform_checks=opts.platform_checks, platform_files=PLATFORM_CHECKS)
+    if opts.repeats is not None:
+        policy = replace(policy, repeats=opts.repeats)
     source = spec.source
     if opts.index_url or opts.find_links or opts.extra_index_url:
         source = replace(source, index_url=opts.index_url or source.index_url,
@@ -216,7 +220,7 @@ def run(opts: Options, env: Mapping[str, str], say: Printer | None = None) -> in
     ctx = RunContext(run_id=run_id, run_dir=run_dir, suite=suite, on_line=progress.line)
     interrupted: KeyboardInterrupt | None = None
     try:
-        _run_cells(backend, runnable, ctx, done, opts, progress, console, resolutions)
+        _run_cells(backend, runnable, ctx, done, opts, progress, console, resolutions, loaded.policy)
     except KeyboardInterrupt as exc:
         interrupted = exc
         stopped = proc.stop_all()
@@ -232,6 +236,69 @@ def run(opts: Options, env: Mapping[str, str], say: Printer | None = None) -> in
         raise InfraError(history_error + f" (the reports are written: {run_dir})",
                          hint="check the file, or pass --history PATH to use another database")
     return code
+
+
+def calibrate(opts: Options, env: Mapping[str, str], *, runs: int, target: float, say: Printer | None = None) -> int:
+    """`stackgate calibrate`: A/A runs of the production stack on this runner (see `calibrate`)."""
+    from stackgate import calibrate as cal
+    console = Console(say)
+    say = console.say
+    loaded = load(opts, env, matrix.detect_local())
+    expansion = matrix.expand(loaded.spec, loaded.pools, loaded.production, loaded.table,
+                              torch_versions=loaded.torch, source=loaded.source)
+    chosen = matrix.select(expansion, opts.only, None)
+    prods = tuple(c for c in chosen.cells if c.role is Role.PRODUCTION)
+    if not prods:
+        raise ConfigError("no production cell runs on this machine: nothing to calibrate",
+                          hint="pass --pool NAME (this runner's pool) or check --only")
+    resolve.resolve_all([p.stack for p in plan_envs(prods)], loaded.table, loaded.host_pip, env)
+    backend = make_backend(opts, loaded, env, say)
+    run_id = opts.run_id or new_run_id(f"{loaded.spec.name}-calibrate")
+    run_dir = opts.reports / run_id
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "build").mkdir(exist_ok=True)
+    suite = SuiteSpec(path=(opts.suite or BUNDLED_SUITE).resolve(), pytest_args=tuple(opts.pytest_args),
+                      profile=opts.profile, timeout_s=opts.timeout, platform_checks=False,
+                      env=parse_suite_env(opts.suite_env))
+    progress = Progress(say)
+    ctx = RunContext(run_id=run_id, run_dir=run_dir, suite=suite, on_line=progress.line)
+    report: dict[str, Any] = {"run_id": run_id, "target": target, "runs": runs, "pools": {}}
+    try:
+        for cell in prods:
+            with console.step(f"prepare {cell.stack.label}"):
+                handle = backend.prepare(cell.stack, run_dir / "build" / f"{cell.stack.label}.log")
+            found: list[CellResult] = []
+            select: tuple[str, ...] = ()
+            for r in range(runs):
+                run_ctx = replace(ctx, phase=f"aa{r}", select=select,
+                                  artifacts=artifacts_dir(run_dir, cell) if r == 0 else None)
+                with console.step(f"A/A run {r + 1}/{runs} of {cell.id}"):
+                    result = _run_one(backend, cell, handle, run_ctx, progress, say)
+                results.append(run_dir, result)
+                if result.status not in (Status.PASSED, Status.FAILED):
+                    raise InfraError(f"calibration run {r + 1} of {cell.id} did not run its tests: {result.status.value}"
+                                     f": {result.reason[:300]}")
+                found.append(result)
+                select = select or gated_tests(cell, found, loaded.policy)
+            noise = []
+            for key in sorted({m.key for m in found[0].metrics if m.nodeid in select}):
+                series = [next((m.samples for m in f.metrics if m.key == key), ()) for f in found]
+                measured = cal.noise(key, series)
+                if measured is not None:
+                    noise.append(measured)
+            recs = [cal.recommend(n, target, loaded.policy.confidence) for n in noise]
+            say(f"\ncalibration of pool {cell.pool.name} ({cell.stack.label}, {runs} A/A runs):")
+            for rec in recs:
+                say(f"  {rec.describe(target)}")
+            history.record_calibration(opts.history, pool=cell.pool.name, run_id=run_id, recorded=now(),
+                                       noise=[(n.metric, n.sigma, n.pairs) for n in noise])
+            report["pools"][cell.pool.name] = [{**n.to_json(), "recommended_tolerance": r.tolerance,
+                                                "recommended_repeats": r.repeats} for n, r in zip(noise, recs, strict=True)]
+    finally:
+        backend.close()
+    atomic_write(run_dir / "calibration.json", json.dumps(report, indent=1))
+    say(f"calibration: {run_dir}/calibration.json; stored in {opts.history}")
+    return 0
 
 
 def probe_pools(cells: Sequence[Cell], say: Printer) -> list[probe.ProbeResult]:
@@ -327,7 +394,7 @@ def _decide_and_report(opts: Options, env: Mapping[str, str], loaded: Loaded, ch
         gate=outcome, gating_exit_code=loaded.policy.inconclusive_exit_code, cells=chosen.cells,
         results=all_results, not_here=chosen.not_here, pruned=chosen.pruned,
         diffs=stack_diffs(chosen.cells, all_results), options=opts.describe(),
-        trends={}, host_probe=_manifest_probe(run_dir),
+        trends={}, host_probe=_manifest_probe(run_dir), power=_power(opts, loaded, outcome, chosen.cells),
     )
     code = exit_code(report)
     history_error = None
@@ -350,6 +417,26 @@ def _decide_and_report(opts: Options, env: Mapping[str, str], loaded: Loaded, ch
         say(line)
     say(f"reports: {run_dir}/report.md report.json junit.xml report.html")
     return code, history_error
+
+
+def _power(opts: Options, loaded: Loaded, outcome: gate.GateOutcome, cells: Sequence[Cell]) -> dict[str, Any]:
+    """What the gate can detect, per gated comparison, from the pool's calibration (if any)."""
+    from stackgate import calibrate as cal
+    pools = {c.id: c.pool.name for c in cells}
+    out: dict[str, Any] = {}
+    try:
+        noise = {p: history.calibration(opts.history, p) for p in set(pools.values())}
+    except (sqlite3.Error, OSError):
+        return out
+    for comparison in outcome.evidence.comparisons:
+        sigma = noise.get(pools.get(comparison.cell, ""), {}).get(comparison.metric)
+        if not comparison.gated or sigma is None:
+            continue
+        tol = comparison.comparison.tolerance
+        out[f"{comparison.cell} {comparison.metric}"] = {
+            "sigma": round(sigma, 6), "repeats": loaded.policy.repeats, "tolerance": tol,
+            "detects": round(cal.detectable(sigma, loaded.policy.repeats, tol, loaded.policy.confidence), 4)}
+    return out
 
 
 def _manifest_probe(run_dir: Path) -> dict[str, Any]:
@@ -415,7 +502,7 @@ Handle = EnvHandle | PrepareFailed | InfraProblem
 
 def _run_cells(backend: Backend, cells: tuple[Cell, ...], ctx: RunContext, done: Mapping[str, CellResult],
                opts: Options, progress: Progress, console: Console,
-               resolutions: Mapping[str, resolve.Resolution] | None = None) -> None:
+               resolutions: Mapping[str, resolve.Resolution] | None = None, policy: Policy | None = None) -> None:
     say = console.say
     handles: dict[str, Handle] = {}
     plans = {p.stack.content_hash: p for p in plan_envs(cells)}
@@ -456,6 +543,9 @@ def _run_cells(backend: Backend, cells: tuple[Cell, ...], ctx: RunContext, done:
             result = _run_one(backend, cell, handle, _phase_ctx(ctx, cell, by_id), progress, say)
         results.append(ctx.run_dir, result)
     finished = results.read(ctx.run_dir)
+    if policy is not None:
+        _run_repeats(backend, ordered, by_id, finished, ctx, progress, console, handle_for, policy)
+    finished = results.read(ctx.run_dir)
     if not opts.rollback:
         return
     # rollback per candidate that ran its suite (and so wrote artifacts): its production partner reads them
@@ -474,6 +564,57 @@ def _run_cells(backend: Backend, cells: tuple[Cell, ...], ctx: RunContext, done:
         rollback = replace(ctx, phase="rollback", against=cand, artifacts=artifacts_dir(ctx.run_dir, cand))
         with console.step(f"run {base.result_id('rollback', cand)}"):
             result = _run_one(backend, base, handle, rollback, progress, say)
+        results.append(ctx.run_dir, result)
+
+
+def gated_tests(cell: Cell, found: Sequence[CellResult], policy: Policy) -> tuple[str, ...]:
+    """The tests whose metrics the policy gates by their samples (not thresholds) on this cell's device."""
+    nodeids = set()
+    for result in found:
+        for m in result.metrics:
+            rule = policy.metric_rule(m.name, dict(m.tags), cell.device) if m.better != "equal" else None
+            if rule is not None and rule.method != "threshold" and m.nodeid:
+                nodeids.add(m.nodeid)
+    return tuple(sorted(nodeids))
+
+
+def repeat_order(cells: Sequence[Cell], by_id: Mapping[str, Cell], repeats: int) -> list[tuple[int, Cell]]:
+    """Interleaved: for each repeat r, production then its candidates (P C P C ...), pair by pair."""
+    order = []
+    bases = [c for c in cells if c.role is Role.PRODUCTION]
+    for r in range(1, repeats):
+        for base in bases:
+            order.append((r, base))
+            order += [(r, c) for c in cells if c.role is Role.CANDIDATE and by_id.get(c.baseline) is base]
+    return order
+
+
+def _run_repeats(backend: Backend, cells: Sequence[Cell], by_id: Mapping[str, Cell], finished: Mapping[str, CellResult],
+                 ctx: RunContext, progress: Progress, console: Console, handle_for: Callable[[Cell], Handle],
+                 policy: Policy) -> None:
+    if policy.repeats <= 1:
+        return
+    ran = {c.id for c in cells if c.id in finished and finished[c.id].status in (Status.PASSED, Status.FAILED)}
+    pairs = [c for c in cells if c.role is Role.CANDIDATE and c.id in ran and c.baseline in ran]
+    if not pairs:
+        return
+    wanted = [c for c in cells if c in pairs or any(p.baseline == c.id for p in pairs)]
+    select = {c.id: gated_tests(c, [finished[c.id]] + [finished[p.id] for p in pairs if p.baseline == c.id], policy)
+              for c in wanted}
+    select = {k: v for k, v in select.items() if v}
+    console.say(f"repeats: {policy.repeats - 1} more interleaved run(s) of the performance-gated tests "
+                f"({', '.join(sorted({t for v in select.values() for t in v}))})")
+    for r, cell in repeat_order([c for c in wanted if c.id in select], by_id, policy.repeats):
+        rid = cell.result_id(f"repeat{r}")
+        earlier = finished.get(rid)
+        if earlier is not None and not earlier.status.is_machinery:
+            continue
+        handle = handle_for(cell)
+        if isinstance(handle, (PrepareFailed, InfraProblem)):
+            continue
+        run_ctx = replace(_phase_ctx(ctx, cell, by_id), phase=f"repeat{r}", select=select[cell.id])
+        with console.step(f"run {rid}"):
+            result = _run_one(backend, cell, handle, run_ctx, progress, console.say)
         results.append(ctx.run_dir, result)
 
 

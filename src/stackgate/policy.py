@@ -72,6 +72,7 @@ class Policy:
     confidence: float = 0.95
     resamples: int = 2000
     min_samples: int = 3
+    repeats: int = 1  # runs of the performance-gated tests per cell, interleaved production/candidate
     performance: tuple[MetricRule, ...] = ()
     numerics: tuple[NumericsRule, ...] = ()
     waivers: tuple[Waiver, ...] = ()
@@ -92,7 +93,7 @@ def load_policy(path: Path) -> Policy:
     req = tomlfile.get(doc, d, "required", dict, default={})
     tomlfile.check_keys(doc, req, ["cells", "tests", "candidate_tests", "all_tests", "metrics"], "required")
     perf = tomlfile.get(doc, d, "performance", dict, default={})
-    tomlfile.check_keys(doc, perf, ["confidence", "resamples", "min_samples", "metric"], "performance")
+    tomlfile.check_keys(doc, perf, ["confidence", "resamples", "min_samples", "repeats", "metric"], "performance")
     rules = []
     for row in tomlfile.get(doc, perf, "metric", list, "performance", default=[]):
         tomlfile.check_keys(doc, row, ["name", "tolerance", "devices", "tags", "method"], "performance", "metric")
@@ -152,6 +153,7 @@ def load_policy(path: Path) -> Policy:
         confidence=confidence,
         resamples=int(_in_range(doc, perf, "resamples", 200, 1_000_000, "performance", default=2000, kind=int)),
         min_samples=int(_in_range(doc, perf, "min_samples", 1, None, "performance", default=3, kind=int)),
+        repeats=int(_in_range(doc, perf, "repeats", 1, 100, "performance", default=1, kind=int)),
         performance=tuple(rules),
         numerics=tuple(numerics),
         waivers=tuple(waivers),

@@ -78,9 +78,14 @@ class Invocation:
 
 
 def invocations(spec: SuiteSpec, phase: str, *, path: Path | None = None,
-                bundled: Path = BUNDLED_SUITE) -> list[Invocation]:
+                bundled: Path = BUNDLED_SUITE, select: tuple[str, ...] = ()) -> list[Invocation]:
+    """The pytest runs of one cell. `select`: node ids (relative to the suite) to run alone, for the
+    repeats of the performance-gated tests."""
     path = path or spec.path
     common = ("-v", "-p", "no:cacheprovider", "-o", "junit_family=xunit1")
+    if select:
+        targets = tuple(f"{path}/{nodeid}" for nodeid in select)
+        return [Invocation("suite", (*targets, "--rootdir", str(path), *common, *spec.pytest_args), path)]
     out = []
     if spec.platform_checks and path != bundled and phase == "main":
         checks = tuple(str(bundled / name) for name in PLATFORM_CHECKS)

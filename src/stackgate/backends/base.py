@@ -37,6 +37,7 @@ class RunContext:
     phase: str = "main"
     against: Cell | None = None
     artifacts: Path | None = None  # STACKGATE_ARTIFACTS for this run of the cell (set by the pipeline)
+    select: tuple[str, ...] = ()  # repeats: only these test node ids
 
     def result_id(self, cell: Cell) -> str:
         return cell.result_id(self.phase, self.against)

@@ -107,7 +107,8 @@ class DockerBackend:
         start = time.monotonic()
         deadline = start + ctx.suite.timeout_s
         procs = []
-        for inv in suite.invocations(ctx.suite, phase, path=Path(suite_path), bundled=Path(SUITE_IN_IMAGE)):
+        for inv in suite.invocations(ctx.suite, phase, path=Path(suite_path), bundled=Path(SUITE_IN_IMAGE),
+                                     select=ctx.select):
             specs = []
             for i in range(nodes):
                 env = suite.suite_env(cell, results=Path(f"/sg/out/results-node{i}.jsonl"),

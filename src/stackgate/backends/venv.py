@@ -100,7 +100,7 @@ class VenvBackend:
         start = time.monotonic()
         deadline = start + ctx.suite.timeout_s
 
-        for inv in suite.invocations(ctx.suite, phase):
+        for inv in suite.invocations(ctx.suite, phase, select=ctx.select):
             results: list[proc.ProcResult | None] = [None] * cell.topology.nodes
 
             def node(i: int, inv: suite.Invocation = inv, results: list[proc.ProcResult | None] = results) -> None:

@@ -55,6 +55,7 @@ class RunReport:
     options: Mapping[str, Any] = field(default_factory=dict)
     trends: Mapping[str, Sequence[tuple[str, float]]] = field(default_factory=dict)
     host_probe: Mapping[str, Any] = field(default_factory=dict)  # pool -> the host probe's result on this runner
+    power: Mapping[str, Any] = field(default_factory=dict)  # "cell metric" -> what the gate detects (calibrate)
 
     @property
     def evidence(self) -> Evidence:

@@ -83,6 +83,7 @@ def to_json(report: RunReport, exit_code: int) -> dict[str, Any]:
         "new_warnings": {k: list(v) for k, v in ev.new_warnings.items()},
         "trends": {k: [list(p) for p in v] for k, v in report.trends.items()},
         "host_probe": dict(report.host_probe),
+        "power": dict(report.power),
     }
 
 

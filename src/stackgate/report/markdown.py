@@ -46,6 +46,13 @@ def render(report: RunReport) -> str:
             lines += [f"| {md_escape(p.name)} | {md_escape(p.production or '-')} | {md_escape(p.candidate or '-')} |"
                       for p in shown]
         lines.append("")
+    if report.power:
+        lines += ["## Gate power (from `stackgate calibrate` on this pool)", "",
+                  "| cell and metric | run-to-run noise | repeats | tolerance | detects a change of |", "|---|---|---|---|---|"]
+        lines += [f"| {md_escape(k)} | {v['sigma']:.1%} | {v['repeats']} | {v['tolerance']:.1%} | "
+                  f"{'>= ' + format(v['detects'], '.1%') if v['detects'] != float('inf') else 'nothing (repeats < 2)'} |"
+                  for k, v in report.power.items()]
+        lines.append("")
     if report.host_probe:
         lines += ["## Host probe", "", "| pool | status | evidence |", "|---|---|---|"]
         lines += [f"| {md_escape(pool)} | {md_escape(str(found.get('status')))} | "

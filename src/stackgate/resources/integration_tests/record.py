@@ -23,11 +23,18 @@ def _write(record: dict[str, Any]) -> None:
         fh.write(json.dumps(record, default=str) + "\n")
 
 
+def _nodeid() -> str:
+    """The pytest node id of the test recording (pytest sets PYTEST_CURRENT_TEST), so the harness can
+    repeat exactly the tests whose metrics it gates."""
+    current = os.environ.get("PYTEST_CURRENT_TEST", "")
+    return current.rsplit(" (", 1)[0] if current else ""
+
+
 def metric(name: str, value: float | Iterable[float], unit: str, *, test: str = "", better: str = "lower",
            **tags: Any) -> None:
     samples = [float(v) for v in value] if isinstance(value, Iterable) else [float(value)]
     _write({"kind": "metric", "name": name, "unit": unit, "samples": samples, "test": test, "better": better,
-            "tags": {k: str(v) for k, v in tags.items()}})
+            "tags": {k: str(v) for k, v in tags.items()}, "nodeid": _nodeid()})
 
 
 def environment(data: dict[str, Any]) -> None:

@@ -1,0 +1,72 @@
+"""`stackgate calibrate`: how much noise does this runner add to each gated metric, and what does the
+gate need (tolerance, repeats) to detect a target change?
+
+A/A: the production stack's performance-gated tests run 2k times on this runner; consecutive runs
+form pairs (as production and candidate would in interleaved repeats), and the spread of the pairs'
+log ratios (of per-run medians) is the metric's noise sigma. For a target change D the gate can
+tell with 95% confidence and ~90% power when
+
+    tolerance = D / 2   and   (t(confidence, n-1) + z(power)) * sigma / sqrt(n) <= D / 2,
+
+which gives the repeats n. The result is stored per pool in the history, and reports show the gate's
+power (the smallest change it detects with the repeats in use) from it.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from stackgate import stats
+
+POWER_Z = statistics.NormalDist().inv_cdf(0.90)
+
+
+@dataclass(frozen=True)
+class Noise:
+    metric: str
+    sigma: float  # standard deviation of the log ratio of two runs' medians (A/A)
+    pairs: int
+
+    def to_json(self) -> dict[str, float | int | str]:
+        return {"metric": self.metric, "sigma": round(self.sigma, 6), "pairs": self.pairs}
+
+
+def noise(metric: str, runs: Sequence[Sequence[float]]) -> Noise | None:
+    """Sigma of the A/A log ratios: runs (0, 1), (2, 3), ... are pairs."""
+    medians = stats.run_summaries(runs)
+    logs = [math.log(medians[i + 1] / medians[i]) for i in range(0, len(medians) - 1, 2)
+            if medians[i] > 0 and medians[i + 1] > 0]
+    if len(logs) < 2:
+        return None
+    return Noise(metric, statistics.stdev(logs), len(logs))
+
+
+def detectable(sigma: float, repeats: int, tolerance: float, confidence: float = 0.95) -> float:
+    """The smallest true change the gate flags as a regression ~90% of the time with `repeats`
+    interleaved runs at `tolerance` (the gate's power, as a change)."""
+    if repeats < 2:
+        return float("inf")
+    return tolerance + (stats.t_quantile(confidence, repeats - 1) + POWER_Z) * sigma / math.sqrt(repeats)
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    metric: str
+    sigma: float
+    tolerance: float
+    repeats: int
+
+    def describe(self, target: float) -> str:
+        return (f"{self.metric}: run-to-run noise {self.sigma:.1%}; to detect {target:.0%}: tolerance "
+                f"{self.tolerance:.1%} with repeats = {self.repeats}")
+
+
+def recommend(found: Noise, target: float, confidence: float = 0.95, most: int = 100) -> Recommendation:
+    tolerance = target / 2
+    for n in range(2, most + 1):
+        if detectable(found.sigma, n, tolerance, confidence) <= target:
+            return Recommendation(found.metric, found.sigma, tolerance, n)
+    return Recommendation(found.metric, found.sigma, tolerance, most)
