@@ -68,3 +68,17 @@ def lint(session: nox.Session) -> None:
 def ci_workflows(session: nox.Session) -> None:
     """Regenerate .github/workflows from matrix/fleet.toml."""
     _stackgate(session, "ci", "github")
+
+
+@nox.session(python=PYTHON)
+def bench(session: nox.Session) -> None:
+    """stackgate vs a hand-written nox baseline, cold and warm, side by side (prints figures)."""
+    session.install("-e", ".")
+    session.run("python", "benchmarks/bench.py")
+
+
+@nox.session(python=PYTHON)
+def sensitivity(session: nox.Session) -> None:
+    """Plant known slowdowns and count how often the real gate says NO-GO (prints the table)."""
+    session.install("-e", ".")
+    session.run("python", "benchmarks/sensitivity.py", *session.posargs)

@@ -1,0 +1,35 @@
+"""A CPU workload for the sensitivity benchmark: each step does a fixed number of work units (a
+64x64 matmul and tanh each). In the candidate cell, PLANTED_SLOWDOWN (a fraction) adds real extra
+units: 0.05 -> 105 units instead of 100. Knows nothing of stackgate beyond the documented contract
+(STACKGATE_ROLE in, JSON lines to STACKGATE_RESULTS out)."""
+
+import json
+import os
+import time
+
+import torch
+
+UNITS = 100
+STEPS = 30
+
+
+def test_workload() -> None:
+    torch.set_num_threads(1)
+    planted = float(os.environ.get("PLANTED_SLOWDOWN", "0")) if os.environ.get("STACKGATE_ROLE") == "candidate" else 0
+    units = round(UNITS * (1 + planted))
+    gen = torch.Generator().manual_seed(0)
+    a, b = torch.randn(64, 64, generator=gen), torch.randn(64, 64, generator=gen)
+    times = []
+    for _ in range(STEPS + 3):
+        start = time.perf_counter()
+        x = a
+        for _ in range(units):
+            x = torch.tanh(x @ b)
+        times.append((time.perf_counter() - start) * 1000)
+    assert torch.isfinite(x).all()
+    path = os.environ.get("STACKGATE_RESULTS")
+    if path:
+        nodeid = os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0]
+        with open(path, "a") as fh:  # noqa: PTH123 - a plain suite
+            fh.write(json.dumps({"name": "workload.step_time", "unit": "ms", "samples": times[3:], "better": "lower",
+                                 "nodeid": nodeid}) + "\n")
