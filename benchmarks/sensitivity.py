@@ -2,8 +2,8 @@
 plant a known slowdown (real extra work in the candidate, see sensitivity_suite/test_workload.py)
 and run the real gate K times per planted change; print how often it says NO-GO for a regression
 of workload.step_time. Targets on this CPU machine: 5% detected in >= 90% of trials, 0% and 1%
-flagged in <= 5%. Production and candidate are 2.13.0+cpu and 2.14.1 (the same speed on this
-workload). A benchmark: it prints figures and asserts nothing.
+flagged in <= 5%. Production and candidate are the same stack (2.13.0+cpu, sensitivity-matrix.toml),
+so the planted work is the only difference. A benchmark: it prints figures and asserts nothing.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ def trial(work: Path, suite: Path, planted: float, repeats: int, index: int) -> 
     run_id = f"p{planted}-t{index}"
     start = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "stackgate", "run", "--backend", "venv", "--suite", str(suite),
+                           "--matrix", str(HERE / "sensitivity-matrix.toml"),
                            "--no-platform-checks", "--no-rollback", "--suite-env", f"PLANTED_SLOWDOWN={planted}",
                            "--repeats", str(repeats), "--reports", str(work), "--run-id", run_id],
                           capture_output=True, text=True, check=False)

@@ -12,7 +12,7 @@
     not_run_here: [{id, reason}]
     pruned: [{id, reasons}]
     comparisons: [{cell, baseline, metric, unit, base_median, cand_median, change, ci_low, ci_high,
-                   tolerance, outcome, gated}]
+                   tolerance, outcome, gated, method: bootstrap | threshold | paired}]
     numerics: [{cell, baseline, metric, bitwise, within, worst_step, worst_abs, worst_rel, rtol, atol}]
     stack_diff: [{production_cell, candidate_cell, facts: [{what, production, candidate}],
                   packages: [{name, production, candidate, kind}]}]
@@ -64,7 +64,8 @@ def to_json(report: RunReport, exit_code: int) -> dict[str, Any]:
             {"cell": c.cell, "baseline": c.baseline, "metric": c.metric, "unit": c.unit,
              "base_median": c.comparison.base_median, "cand_median": c.comparison.cand_median,
              "change": _num(c.comparison.change), "ci_low": _num(c.comparison.low), "ci_high": _num(c.comparison.high),
-             "tolerance": c.comparison.tolerance, "outcome": c.comparison.outcome.value, "gated": c.gated}
+             "tolerance": c.comparison.tolerance, "outcome": c.comparison.outcome.value, "gated": c.gated,
+             "method": c.comparison.method}
             for c in ev.comparisons
         ],
         "numerics": [
