@@ -45,7 +45,7 @@ def test_calibrate_measures_noise_and_the_report_shows_the_gates_power(tmp_path:
     report = json.loads((tmp_path / "reports" / "gated" / "report.json").read_text())
     power = report["power"]
     assert list(power) == ["local-cpu-cpu-torch2.13.0-py3.11-1x2 workload.step_time"]
-    assert power[list(power)[0]]["repeats"] == 2
+    assert power["local-cpu-cpu-torch2.13.0-py3.11-1x2 workload.step_time"]["repeats"] == 2
     comparison = next(c for c in report["comparisons"] if c["metric"] == "workload.step_time")
     assert comparison["gated"]
     results = [json.loads(line)["cell_id"] for line in (tmp_path / "reports" / "gated" / "results.jsonl")

@@ -111,3 +111,24 @@ def test_a_users_own_suite_gets_the_platform_checks(backend: VenvBackend, torch_
     assert names["test_identity.py::test_torch_version"] == "passed"
     assert names["test_collectives.py::test_collective_correctness[2]"] == "passed"
     assert [m.name for m in result.metrics if m.name == "my_trainer.loss"] == ["my_trainer.loss"]
+
+
+def test_concurrent_runs_wait_for_each_others_environment(backend: VenvBackend, torch_env: EnvHandle,
+                                                          tmp_path: Path) -> None:
+    """Two runs sharing a cache: while one holds an environment's lock (building it), the other waits."""
+    import threading
+    import time
+
+    from filelock import FileLock
+
+    root = Path(torch_env.ref).parents[1]
+    lock = FileLock(str(root.with_name(root.name + ".lock")))
+    got: list[float] = []
+    with lock:
+        waiter = threading.Thread(target=lambda: got.append(
+            backend.prepare(torch_env.stack, tmp_path / "b.log").prepare_s))
+        waiter.start()
+        time.sleep(1.5)
+        assert not got, "prepare must wait while another run holds the environment's lock"
+    waiter.join(timeout=60)
+    assert got and got[0] >= 1.0  # it waited for the lock, then reused the environment

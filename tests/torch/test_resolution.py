@@ -32,3 +32,15 @@ def test_unreachable_index_exits_3_with_a_report(tmp_path: Path) -> None:
     assert report["decision"] == "INCONCLUSIVE" and report["exit_code"] == 3
     assert {c["status"] for c in report["cells"]} == {"infra-error"}
     assert all("127.0.0.1:9" in c["reason"] for c in report["cells"])
+
+
+def test_a_broken_history_database_exits_3_after_the_reports_are_written(tmp_path: Path) -> None:
+    broken = tmp_path / "history.sqlite"
+    broken.write_text("this is not an SQLite database\n" * 100)
+    proc = _run(tmp_path, "--backend", "venv", "--index-url", "http://127.0.0.1:9/simple", "--run-id", "h",
+                "--history", str(broken))
+    assert proc.returncode == 3, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "history database" in proc.stderr and "Traceback" not in proc.stderr
+    run_dir = tmp_path / "reports" / "h"
+    for name in ("report.json", "report.md", "junit.xml", "report.html"):
+        assert (run_dir / name).is_file(), name  # the reports came first
