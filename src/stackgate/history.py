@@ -67,6 +67,8 @@ def record(path: Path, *, run_id: str, matrix: str, channel: str, started: str, 
 def _metric_rows(run_id: str, results: Sequence[CellResult]) -> list[tuple[str, str, str, str, str, float, int]]:
     rows = []
     for result in results:
+        if result.phase != "main":  # repeats and rollbacks are evidence for the gate, not trend points
+            continue
         for m in result.metrics:
             if m.samples and m.better != "equal" and all(math.isfinite(s) for s in m.samples):
                 rows.append((run_id, result.cell_id, result.role.value, m.key, m.unit,
