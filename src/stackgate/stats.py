@@ -57,6 +57,15 @@ def _change(base: float, cand: float, better: str) -> float:
     return cand / base - 1 if better == "lower" else base / cand - 1
 
 
+def _outcome(low: float, high: float, tolerance: float) -> Outcome:
+    """Regression only when the whole interval is beyond the tolerance; OK when all of it is within."""
+    if low > tolerance:
+        return Outcome.REGRESSION
+    if high <= tolerance:
+        return Outcome.IMPROVEMENT if high < -tolerance else Outcome.OK
+    return Outcome.INCONCLUSIVE
+
+
 def compare(base: Sequence[float], cand: Sequence[float], *, better: str, tolerance: float,
             confidence: float = 0.95, resamples: int = 2000, min_samples: int = 3, seed: int = 0) -> Comparison:
     if not base or not cand:
@@ -76,12 +85,7 @@ def compare(base: Sequence[float], cand: Sequence[float], *, better: str, tolera
     tail = (1 - confidence) / 2
     low = changes[int(tail * (resamples - 1))]
     high = changes[int((1 - tail) * (resamples - 1))]
-    if low > tolerance:
-        outcome = Outcome.REGRESSION
-    elif high <= tolerance:
-        outcome = Outcome.IMPROVEMENT if high < -tolerance else Outcome.OK
-    else:
-        outcome = Outcome.INCONCLUSIVE
+    outcome = _outcome(low, high, tolerance)
     return Comparison(bm, cm, point, low, high, tolerance, outcome, mad(base), mad(cand))
 
 
@@ -136,12 +140,7 @@ def paired(base_runs: Sequence[Sequence[float]], cand_runs: Sequence[Sequence[fl
     mean = statistics.fmean(logs)
     half = t_quantile(confidence, n - 1) * statistics.stdev(logs) / math.sqrt(n)
     low, high = math.exp(mean - half) - 1, math.exp(mean + half) - 1
-    if low > tolerance:
-        outcome = Outcome.REGRESSION
-    elif high <= tolerance:
-        outcome = Outcome.IMPROVEMENT if high < -tolerance else Outcome.OK
-    else:
-        outcome = Outcome.INCONCLUSIVE
+    outcome = _outcome(low, high, tolerance)
     return Comparison(statistics.median(base[:n]), statistics.median(cand[:n]), math.exp(mean) - 1, low, high,
                       tolerance, outcome, mad(base[:n]), mad(cand[:n]), method="paired")
 
