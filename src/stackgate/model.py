@@ -248,6 +248,12 @@ class Outcome(str, enum.Enum):
     ERROR = "error"
     SKIPPED = "skipped"
 
+    def __str__(self) -> str:  # "failed", not "Outcome.FAILED", wherever it is formatted
+        return str(self.value)
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
 
 @dataclass(frozen=True)
 class TestOutcome:

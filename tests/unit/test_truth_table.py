@@ -209,3 +209,10 @@ def test_truth_table(situation: Callable[[Situation], None], decision: Decision,
 def test_every_selftest_case_is_a_row(case: selftest.Case) -> None:
     ok, outcome = selftest.run_case(case, POLICY, TODAY)
     assert ok, outcome.verdict.reasons
+
+
+def test_reasons_name_outcomes_as_words() -> None:
+    rec = selftest.recorded("cuda")
+    failing = selftest._fail_test(rec.candidate_result, "test_identity.py::test_torch_version", "AssertionError: x")
+    out = gate.decide((rec.production, rec.candidate), (), rec.with_candidate(failing), POLICY, TODAY)
+    assert [r.message for r in out.verdict.blocking] == ["failed: AssertionError: x"]
