@@ -30,14 +30,11 @@ class Console:
         self.interval_s = interval_s
         self._lock = threading.Lock()
         self._last = time.monotonic()
-        self.longest_gap_s = 0.0
 
     def say(self, text: str) -> None:
         with self._lock:
-            now = time.monotonic()
-            self.longest_gap_s = max(self.longest_gap_s, now - self._last)
             self._write(text)
-            self._last = now
+            self._last = time.monotonic()
 
     @contextlib.contextmanager
     def step(self, label: str) -> Iterator[None]:

@@ -99,6 +99,20 @@ def load(opts: Options, env: Mapping[str, str], local: matrix.LocalHost) -> Load
     return Loaded(table, spec, production, pools, policy, source, host_pip, tuple(versions))
 
 
+def expand(loaded: Loaded, pools: Mapping[str, RunnerPool] | None = None) -> matrix.Expansion:
+    """The matrix over `pools` (default: the loaded ones), pruned, paired, and with "required"
+    resolved once from the matrix globs and the policy."""
+    expansion = matrix.expand(loaded.spec, pools if pools is not None else loaded.pools, loaded.production,
+                              loaded.table, torch_versions=loaded.torch, source=loaded.source)
+    return matrix.require(expansion, loaded.policy.required_cells)
+
+
+def suite_spec(opts: Options, *, platform_checks: bool) -> SuiteSpec:
+    return SuiteSpec(path=(opts.suite or BUNDLED_SUITE).resolve(), pytest_args=tuple(opts.pytest_args),
+                     profile=opts.profile, timeout_s=opts.timeout, platform_checks=platform_checks,
+                     env=parse_suite_env(opts.suite_env))
+
+
 def make_backend(opts: Options, loaded: Loaded, env: Mapping[str, str], say: Printer) -> Backend:
     """`docker` when asked for, or by default whenever an engine answers; `venv` otherwise (with a notice)."""
     from stackgate.backends.venv import VenvBackend
@@ -160,10 +174,7 @@ def run(opts: Options, env: Mapping[str, str], say: Printer | None = None) -> in
     say = console.say
     local = matrix.detect_local()
     loaded = load(opts, env, local)
-    expansion = matrix.expand(loaded.spec, loaded.pools, loaded.production, loaded.table,
-                              torch_versions=loaded.torch, source=loaded.source)
-    expansion = matrix.require(expansion, loaded.policy.required_cells)
-    chosen = matrix.select(expansion, opts.only, parse_shard(opts.shard))
+    chosen = matrix.select(expand(loaded), opts.only, parse_shard(opts.shard))
     if not chosen.cells:
         away = "; ".join(f"{n.cell.id}: {n.reason}" for n in chosen.not_here[:3])
         raise ConfigError(f"the matrix {opts.matrix} has zero cells that can run on this machine"
@@ -212,9 +223,7 @@ def run(opts: Options, env: Mapping[str, str], say: Printer | None = None) -> in
             results.append(run_dir, CellResult(cell.id, cell.role, Status(found.status), reason="; ".join(
                 found.evidence), cell=cell.to_json(), environment={"host_probe": found.to_json()}))
     done = results.read(run_dir)
-    suite = SuiteSpec(path=(opts.suite or BUNDLED_SUITE).resolve(), pytest_args=tuple(opts.pytest_args),
-                      profile=opts.profile, timeout_s=opts.timeout, platform_checks=opts.platform_checks,
-                      env=parse_suite_env(opts.suite_env))
+    suite = suite_spec(opts, platform_checks=opts.platform_checks)
     say(f"suite {suite.path}; policy: {loaded.policy.origin}")
     progress = Progress(say)
     ctx = RunContext(run_id=run_id, run_dir=run_dir, suite=suite, on_line=progress.line)
@@ -244,9 +253,7 @@ def calibrate(opts: Options, env: Mapping[str, str], *, runs: int, target: float
     console = Console(say)
     say = console.say
     loaded = load(opts, env, matrix.detect_local())
-    expansion = matrix.expand(loaded.spec, loaded.pools, loaded.production, loaded.table,
-                              torch_versions=loaded.torch, source=loaded.source)
-    chosen = matrix.select(expansion, opts.only, None)
+    chosen = matrix.select(expand(loaded), opts.only, None)
     prods = tuple(c for c in chosen.cells if c.role is Role.PRODUCTION)
     if not prods:
         raise ConfigError("no production cell runs on this machine: nothing to calibrate",
@@ -257,9 +264,7 @@ def calibrate(opts: Options, env: Mapping[str, str], *, runs: int, target: float
     run_dir = opts.reports / run_id
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "build").mkdir(exist_ok=True)
-    suite = SuiteSpec(path=(opts.suite or BUNDLED_SUITE).resolve(), pytest_args=tuple(opts.pytest_args),
-                      profile=opts.profile, timeout_s=opts.timeout, platform_checks=False,
-                      env=parse_suite_env(opts.suite_env))
+    suite = suite_spec(opts, platform_checks=False)
     progress = Progress(say)
     ctx = RunContext(run_id=run_id, run_dir=run_dir, suite=suite, on_line=progress.line)
     report: dict[str, Any] = {"run_id": run_id, "target": target, "runs": runs, "pools": {}}
@@ -331,9 +336,7 @@ def merge(opts: Options, env: Mapping[str, str], paths: list[Path], say: Printer
     say = console.say
     loaded = load(opts, env, matrix.LocalHost())
     fleet = {n: replace(p, is_local=False) for n, p in loaded.pools.items()}  # the merge machine runs nothing
-    everything = matrix.expand(loaded.spec, fleet, loaded.production, loaded.table, torch_versions=loaded.torch,
-                               source=loaded.source)
-    everything = matrix.require(everything, loaded.policy.required_cells)
+    everything = expand(loaded, fleet)
     defined = definition(opts, loaded)
     bundles = bundle.load_bundles(paths, defined)
     merged: dict[str, CellResult] = {}
