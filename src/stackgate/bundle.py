@@ -34,12 +34,14 @@ def policy_fingerprint(policy: Policy) -> str:
 
 
 def definition(*, matrix: Path, config_dir: Path, candidate: Sequence[object], policy: Policy, suite: Path,
-               profile: str, pytest_args: Sequence[str], platform_checks: bool) -> dict[str, str]:
-    """The run definition: equal on every runner of one fleet run (no absolute paths in it)."""
+               profile: str, pytest_args: Sequence[str], platform_checks: bool,
+               suite_requirements: Sequence[str] = ()) -> dict[str, str]:
+    """The run definition: equal on every runner of one fleet run (no absolute paths in it).
+    `suite_requirements`: what the suite installs besides the stack, without host paths."""
     suite_hash = digest(suite.read_bytes()) if suite.is_file() else images.suite_digest(suite)[:16]
     config = {name: digest((config_dir / name).read_bytes()) for name in ("compat.toml", "fleet.toml",
                                                                          "production.toml")}
-    return {
+    defined = {
         "matrix": f"{matrix.name} sha256:{digest(matrix.read_bytes())}",
         "config": " ".join(f"{k}:{v}" for k, v in sorted(config.items())),
         "candidate": ", ".join(str(v) for v in candidate),
@@ -49,6 +51,9 @@ def definition(*, matrix: Path, config_dir: Path, candidate: Sequence[object], p
         "pytest_args": " ".join(pytest_args),
         "platform_checks": str(platform_checks),
     }
+    if suite_requirements:  # (absent when empty: bundles written before it stay comparable)
+        defined["suite_requirements"] = " ".join(suite_requirements)
+    return defined
 
 
 def definition_hash(defined: Mapping[str, str]) -> str:

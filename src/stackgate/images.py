@@ -15,6 +15,7 @@ import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from filelock import FileLock
 from packaging.utils import parse_wheel_filename
@@ -74,6 +75,26 @@ class Wheelhouse:
         return None
 
 
+def pins(house: Wheelhouse) -> tuple[str, ...]:
+    """name==version for every wheel: what a second download must not move."""
+    out = []
+    for w in house.wheels:
+        name, version, _, _ = parse_wheel_filename(w.filename)
+        out.append(f"{name}=={version}")
+    return tuple(out)
+
+
+def in_image(requirement: str) -> str:
+    """A requirement as the image installs it from /wheels: a local wheel (`name @ file:///...whl`)
+    becomes `name[extras]==version`, so no host path enters the Dockerfile or the image key."""
+    if " @ " not in requirement:
+        return requirement
+    head, url = (part.strip() for part in requirement.split(" @ ", 1))
+    name, version, _, _ = parse_wheel_filename(url.rsplit("/", 1)[-1])
+    extras = head[len(head.split("[", 1)[0]):]
+    return f"{name}{extras}=={version}"
+
+
 def _sha256(path: Path) -> str:
     h = hashlib.sha256()
     with path.open("rb") as fh:
@@ -104,17 +125,22 @@ def download_args(index_args: Sequence[str], python: str, ca_bundle: str | None)
 
 
 def wheelhouse(cache_dir: Path, requirements: Sequence[str], index_args: Sequence[str], python: str,
-               ca_bundle: str | None, env: dict[str, str], log_path: Path) -> Wheelhouse:
+               ca_bundle: str | None, env: dict[str, str], log_path: Path,
+               constraints: Sequence[str] = ()) -> Wheelhouse:
     """Resolve and download on the host into a content-addressed directory (reused when present)."""
-    key = hashlib.sha256(json.dumps([list(requirements), list(index_args), python], sort_keys=True).encode())
+    parts: list[Any] = [list(requirements), list(index_args), python]
+    if constraints:  # (absent from the key when there are none: existing wheelhouses stay valid)
+        parts.append(list(constraints))
+    key = hashlib.sha256(json.dumps(parts, sort_keys=True).encode())
     path = cache_dir / "wheelhouse" / key.hexdigest()[:16]
     path.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(path.with_name(path.name + ".lock"))):  # concurrent runs share one download
-        return _wheelhouse_locked(path, requirements, index_args, python, ca_bundle, env, log_path)
+        return _wheelhouse_locked(path, requirements, index_args, python, ca_bundle, env, log_path, constraints)
 
 
 def _wheelhouse_locked(path: Path, requirements: Sequence[str], index_args: Sequence[str], python: str,
-                       ca_bundle: str | None, env: dict[str, str], log_path: Path) -> Wheelhouse:
+                       ca_bundle: str | None, env: dict[str, str], log_path: Path,
+                       constraints: Sequence[str]) -> Wheelhouse:
     manifest = path / "wheels.json"
     if manifest.exists():
         data = json.loads(manifest.read_text())
@@ -122,8 +148,11 @@ def _wheelhouse_locked(path: Path, requirements: Sequence[str], index_args: Sequ
     staging = path.with_name(f"{path.name}.partial-{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
-    argv = [*pip_command(), "download", "-d", str(staging),
-            *download_args(index_args, python, ca_bundle), *requirements]
+    argv = [*pip_command(), "download", "-d", str(staging), *download_args(index_args, python, ca_bundle)]
+    if constraints:
+        (staging / "constraints.txt").write_text("\n".join(constraints) + "\n")
+        argv += ["--constraint", str(staging / "constraints.txt")]
+    argv += list(requirements)
     result = proc.run(argv, env=env, timeout_s=3600, log_path=log_path)
     if not result.ok:
         shutil.rmtree(staging, ignore_errors=True)
@@ -169,10 +198,23 @@ def image_key(template: str, base_id: str, house: Wheelhouse, suite_hash: str, r
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def render(template: str, *, base: str, requirements: Sequence[str], label_map: dict[str, str]) -> str:
+SUITE_WHEELS = "/opt/stackgate/suite-wheels"
+
+
+def render(template: str, *, base: str, requirements: Sequence[str], label_map: dict[str, str],
+           suite_requirements: Sequence[str] = ()) -> str:
+    """The Dockerfile. The suite's own requirements go into a step of their own after the stack's
+    venv, so a change to them rebuilds a small layer, not the stack."""
     label_text = "LABEL " + " \\\n      ".join(f"{k}={json.dumps(v)}" for k, v in sorted(label_map.items()))
+    suite_step = ""
+    if suite_requirements:
+        suite_step = (f"COPY suite-wheels {SUITE_WHEELS}\n"
+                      f"RUN /opt/venv/bin/pip install --no-index --no-cache-dir --find-links {SUITE_WHEELS} "
+                      f"{' '.join(_quote(r) for r in suite_requirements)} \\\n"
+                      f" && /opt/venv/bin/pip check \\\n && rm -rf {SUITE_WHEELS}")
     return (template.replace("{{BASE}}", base)
             .replace("{{REQUIREMENTS}}", " ".join(_quote(r) for r in requirements))
+            .replace("{{SUITE_REQUIREMENTS}}", suite_step)
             .replace("{{LABELS}}", label_text))
 
 
@@ -180,17 +222,21 @@ def _quote(req: str) -> str:
     return "'" + req.replace("'", "") + "'"
 
 
-def build_context(dockerfile: str, house: Wheelhouse, suite: Path) -> Path:
-    """A temporary context: Dockerfile, wheels (hard links where possible) and the suite."""
+def build_context(dockerfile: str, house: Wheelhouse, suite: Path, suite_house: Wheelhouse | None = None) -> Path:
+    """A temporary context: Dockerfile, wheels (hard links where possible), the suite's own wheels
+    (those the stack does not already have) and the suite."""
     ctx = Path(tempfile.mkdtemp(prefix="stackgate-ctx-"))
     (ctx / "Dockerfile").write_text(dockerfile)
-    (ctx / "wheels").mkdir()
-    for w in house.wheels:
-        src, dst = house.path / w.filename, ctx / "wheels" / w.filename
-        try:
-            os.link(src, dst)
-        except OSError:
-            shutil.copy2(src, dst)
+    for directory, source in (("wheels", house), ("suite-wheels", suite_house)):
+        if source is None:
+            continue
+        (ctx / directory).mkdir()
+        for w in source.wheels:
+            src, dst = source.path / w.filename, ctx / directory / w.filename
+            try:
+                os.link(src, dst)
+            except OSError:
+                shutil.copy2(src, dst)
     shutil.copytree(suite, ctx / "suite", ignore=shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache"))
     return ctx
 

@@ -28,6 +28,10 @@ def _list(v: Any) -> tuple[str, ...]:
     return tuple(x for x in str(v).replace(",", " ").split() if x)
 
 
+def _paths(v: Any) -> tuple[Path, ...]:
+    return tuple(_path(x) for x in _list(v))
+
+
 def _env_list(v: Any) -> tuple[str, ...]:
     """KEY=VALUE items; a string from the environment or TOML holds them one per line."""
     if isinstance(v, (list, tuple)):
@@ -117,6 +121,13 @@ class Settings:
     cache_dir: Path = opt(None, _path, "where environments are cached (default ~/.cache/stackgate)")
     suite: Path | None = opt(None, _path, "pytest suite to run in each stack (default: the bundled integration_tests)",
                              commands=RUN_MERGE)
+    suite_requirements: tuple[Path, ...] = opt((), _paths, "the suite's requirements file (repeatable; default: "
+                                                           "requirements*.txt, constraints*.txt and pyproject.toml's "
+                                                           "dependency group next to the suite)", repeat=True,
+                                                commands=RUN_MERGE, metavar="FILE")
+    suite_install: tuple[Path, ...] = opt((), _paths, "a local project (e.g. the monorepo root) to build and install "
+                                                      "into every stack, non-editable (repeatable; PATH[EXTRAS])",
+                                          repeat=True, commands=RUN_MERGE, metavar="PATH")
     pytest_args: tuple[str, ...] = opt((), _list, "extra pytest argument (repeatable)", repeat=True,
                                        commands=RUN_MERGE, flag="--pytest-arg", metavar="ARG")
     index_url: str | None = opt(None, str, "index for the candidate's wheels", commands=RUN_MERGE)
@@ -233,6 +244,8 @@ def resolve(cli: Mapping[str, Any], env: Mapping[str, str], project_file: Path |
     for name, f in fields.items():
         if f.metadata["parse"] is _path and values[name] is not None:
             values[name] = absolute(values[name], bases.get(name, cwd))
+        elif f.metadata["parse"] is _paths:
+            values[name] = tuple(absolute(v, bases.get(name, cwd)) for v in values[name])
     if values["config_dir"] is None:
         values["config_dir"] = bundled.MATRIX_DIR
     if values["history"] is None:

@@ -19,7 +19,7 @@ from typing import Any
 
 from packaging.version import Version
 
-from stackgate import bundle, gate, history, matrix, probe, proc, resolve, results, sources
+from stackgate import bundle, gate, history, matrix, probe, proc, resolve, results, sources, suite_deps
 from stackgate import compat as compat_mod
 from stackgate.backends.base import Backend, EnvHandle, PrepareFailed, RunContext
 from stackgate.bundled import BUNDLED_SUITE
@@ -45,6 +45,7 @@ from stackgate.report import html_report, json_report, junit, markdown
 from stackgate.report.data import RunReport, counts, now, stack_diffs
 from stackgate.report.files import atomic_write
 from stackgate.suite import PLATFORM_CHECKS, SuiteSpec
+from stackgate.suite_deps import SuiteDeps
 from stackgate.versions import parse_torch
 
 Printer = Callable[[str], None]
@@ -60,6 +61,7 @@ class Loaded:
     source: WheelSource
     host_pip: sources.PipConfig
     torch: tuple[Version, ...]
+    deps: SuiteDeps  # discovered; local projects are built by `build_suite_deps` before resolution
 
 
 def load(opts: Options, env: Mapping[str, str], local: matrix.LocalHost) -> Loaded:
@@ -96,7 +98,8 @@ def load(opts: Options, env: Mapping[str, str], local: matrix.LocalHost) -> Load
         if v.public and Version(v.public) < Version(production.torch.public):
             raise ConfigError(f"candidate torch {v} is older than production {production.torch} "
                               f"({production.path})", hint="a rollback test is the production run; pass a newer candidate")
-    return Loaded(table, spec, production, pools, policy, source, host_pip, tuple(versions))
+    deps = suite_deps.discover(suite_path, opts.suite_requirements, opts.suite_install)
+    return Loaded(table, spec, production, pools, policy, source, host_pip, tuple(versions), deps)
 
 
 def expand(loaded: Loaded, pools: Mapping[str, RunnerPool] | None = None) -> matrix.Expansion:
@@ -113,7 +116,16 @@ def suite_spec(opts: Options, *, platform_checks: bool) -> SuiteSpec:
                      env=parse_suite_env(opts.suite_env))
 
 
-def make_backend(opts: Options, loaded: Loaded, env: Mapping[str, str], say: Printer) -> Backend:
+def build_suite_deps(opts: Options, loaded: Loaded, env: Mapping[str, str], say: Printer) -> SuiteDeps:
+    """The suite's local projects as wheels (cached by source digest), before anything resolves."""
+    deps = loaded.deps
+    if not deps.empty:
+        say(f"suite requirements: {'; '.join(deps.sources)}")
+    return suite_deps.build_projects(deps, opts.cache_dir, env, exclude=(opts.reports, opts.cache_dir), say=say)
+
+
+def make_backend(opts: Options, loaded: Loaded, env: Mapping[str, str], say: Printer,
+                 deps: SuiteDeps | None = None) -> Backend:
     """`docker` when asked for, or by default whenever an engine answers; `venv` otherwise (with a notice)."""
     from stackgate.backends.venv import VenvBackend
     if opts.backend in ("docker", "auto"):
@@ -126,11 +138,11 @@ def make_backend(opts: Options, loaded: Loaded, env: Mapping[str, str], say: Pri
         if problem is None:
             return DockerBackend(engine, opts.cache_dir, loaded.table, loaded.host_pip, env, suite_dir=BUNDLED_SUITE,
                                  allow_bootstrap=opts.bootstrap_base, mirror=opts.debian_mirror,
-                                 ca_bundle=opts.ca_bundle, say=say)
+                                 ca_bundle=opts.ca_bundle, say=say, deps=deps)
         if opts.backend == "docker":
             raise InfraError(problem, hint="start the Docker engine, or use --backend venv")
         say(f"notice: {problem}; falling back to the venv backend")
-    return VenvBackend(opts.cache_dir, loaded.table, loaded.host_pip, env)
+    return VenvBackend(opts.cache_dir, loaded.table, loaded.host_pip, env, deps=deps)
 
 
 def _base_problem(engine: DockerEngine, opts: Options) -> str | None:
@@ -185,9 +197,11 @@ def run(opts: Options, env: Mapping[str, str], say: Printer | None = None) -> in
     probes = probe_pools(chosen.cells, say)  # before anything is resolved or built for a host that cannot run it
     unfit = {p.pool: p for p in probes if not p.ok}
     runnable = tuple(c for c in chosen.cells if c.pool.name not in unfit)
+    deps = build_suite_deps(opts, loaded, env, say)
     say(f"resolving the requirements of {len(plan_envs(runnable))} stack(s)")
-    resolutions = resolve.resolve_all([p.stack for p in plan_envs(runnable)], loaded.table, loaded.host_pip, env)
-    backend = make_backend(opts, loaded, env, say)
+    resolutions = resolve.resolve_all([p.stack for p in plan_envs(runnable)], loaded.table, loaded.host_pip, env,
+                                      deps)
+    backend = make_backend(opts, loaded, env, say, deps)
     if opts.resume:
         run_dir = results.resume_dir(opts.reports, opts.resume)
         run_id = opts.resume
@@ -226,7 +240,8 @@ def run(opts: Options, env: Mapping[str, str], say: Printer | None = None) -> in
     suite = suite_spec(opts, platform_checks=opts.platform_checks)
     say(f"suite {suite.path}; policy: {loaded.policy.origin}")
     progress = Progress(say)
-    ctx = RunContext(run_id=run_id, run_dir=run_dir, suite=suite, on_line=progress.line)
+    ctx = RunContext(run_id=run_id, run_dir=run_dir, suite=suite, on_line=progress.line,
+                     suite_deps={} if deps.empty else deps.describe())
     interrupted: KeyboardInterrupt | None = None
     try:
         _run_cells(backend, runnable, ctx, done, opts, progress, console, resolutions, loaded.policy)
@@ -258,8 +273,9 @@ def calibrate(opts: Options, env: Mapping[str, str], *, runs: int, target: float
     if not prods:
         raise ConfigError("no production cell runs on this machine: nothing to calibrate",
                           hint="pass --pool NAME (this runner's pool) or check --only")
-    resolve.resolve_all([p.stack for p in plan_envs(prods)], loaded.table, loaded.host_pip, env)
-    backend = make_backend(opts, loaded, env, say)
+    deps = build_suite_deps(opts, loaded, env, say)
+    resolve.resolve_all([p.stack for p in plan_envs(prods)], loaded.table, loaded.host_pip, env, deps)
+    backend = make_backend(opts, loaded, env, say, deps)
     run_id = opts.run_id or new_run_id(f"{loaded.spec.name}-calibrate")
     run_dir = opts.reports / run_id
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -326,7 +342,8 @@ def definition(opts: Options, loaded: Loaded) -> dict[str, str]:
     """What this run is (see `bundle.definition`): equal on every runner of one fleet run."""
     return bundle.definition(matrix=opts.matrix, config_dir=opts.config_dir, candidate=loaded.torch,
                              policy=loaded.policy, suite=opts.suite or BUNDLED_SUITE, profile=opts.profile,
-                             pytest_args=opts.pytest_args, platform_checks=opts.platform_checks)
+                             pytest_args=opts.pytest_args, platform_checks=opts.platform_checks,
+                             suite_requirements=loaded.deps.fingerprint())
 
 
 def merge(opts: Options, env: Mapping[str, str], paths: list[Path], say: Printer | None = None) -> int:
@@ -669,8 +686,12 @@ def _run_one(backend: Backend, cell: Cell, handle: Handle, ctx: RunContext, prog
         result = backend.run(cell, handle, ctx)
     except InfraError as exc:
         result = did_not_run(Status.INFRA_ERROR, str(exc))
-    result = replace(result, environment={**result.environment, "env_reused": handle.reused,
-                                          "env_prepare_s": round(handle.prepare_s, 1)})
+    environment = {**result.environment, "env_reused": handle.reused, "env_prepare_s": round(handle.prepare_s, 1)}
+    if "packages" not in environment and handle.sbom.get("packages"):  # the environment's own SBOM
+        environment["packages"] = handle.sbom["packages"]
+    if ctx.suite_deps:
+        environment["suite_requirements"] = ctx.suite_deps
+    result = replace(result, environment=environment)
     say(f"  {label}: {result.status.value} in {result.duration_s:.0f}s {result.reason[:200]}")
     return result
 

@@ -7,14 +7,15 @@ from collections.abc import Sequence
 from stackgate.compat import CompatTable
 from stackgate.model import Cell, EnvPlan, Role, Stack
 
-SUITE_REQUIREMENTS = ("numpy", "pytest")
+SUITE_REQUIREMENTS = ("numpy", "pytest")  # every suite run: pytest, and numpy for the bundled checks
 
 
 def requirements(table: CompatTable, stack: Stack, suite: Sequence[str] = SUITE_REQUIREMENTS) -> list[str]:
     """What an environment for `stack` installs: torch (PyPI's default variant has no local label),
-    the suite's needs and the stack's extras. Both backends install exactly this."""
+    the stack's extras, then the suite's needs (`SuiteDeps.install_lines()`, which start with
+    SUITE_REQUIREMENTS). Resolution and both backends install exactly this."""
     release = table.release(stack.torch)
-    return [stack.requirement(release.pypi_default if release else None), *suite, *stack.extra_requirements]
+    return [stack.requirement(release.pypi_default if release else None), *stack.extra_requirements, *suite]
 
 
 def plan_envs(cells: Sequence[Cell]) -> tuple[EnvPlan, ...]:

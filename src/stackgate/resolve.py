@@ -15,19 +15,24 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from stackgate import proc
 from stackgate.compat import CompatTable
 from stackgate.errors import ConfigError
 from stackgate.model import Stack
-from stackgate.plan import SUITE_REQUIREMENTS, requirements
+from stackgate.plan import requirements
 from stackgate.sources import PipConfig, installer_args
+
+if TYPE_CHECKING:
+    from stackgate.suite_deps import SuiteDeps
 
 _NETWORK = re.compile(r"Failed to fetch|error sending request|tcp connect error|Connection refused|timed out|"
                       r"Temporary failure in name resolution|NewConnectionError|ConnectTimeoutError|"
                       r"Network is unreachable|Could not fetch URL", re.I)
 _UNSATISFIABLE = re.compile(r"No solution found|there is no version of|not found in the package registry|"
                             r"no matching distribution", re.I)
+_STACK_PIN = re.compile(r"^(torch|triton|pytorch-triton|nvidia-[a-z0-9-]+|cuda-[a-z0-9-]+)(==| @ )", re.I)
 
 
 @dataclass(frozen=True)
@@ -53,33 +58,79 @@ def _causes(output: str) -> str:
     return " / ".join(lines[-6:]) or output.strip()[-600:]
 
 
-def resolve_stack(stack: Stack, table: CompatTable, host: PipConfig, env: Mapping[str, str],
-                  suite_requirements: Sequence[str] = SUITE_REQUIREMENTS) -> Resolution:
-    reqs = tuple(requirements(table, stack, suite_requirements))
+def _compile(stack: Stack, reqs: Sequence[str], constraints: Sequence[str], host: PipConfig,
+             env: Mapping[str, str]) -> proc.ProcResult:
     with tempfile.TemporaryDirectory(prefix="stackgate-resolve-") as tmp:
         infile = Path(tmp) / "requirements.in"
         infile.write_text("\n".join(reqs) + "\n")
         argv = [sys.executable, "-m", "uv", "pip", "compile", str(infile), "--python-version",
                 stack.python.rstrip("t"), "--python-platform", f"{platform.machine()}-manylinux_2_28", "--no-header",
                 "--no-annotate", "--quiet", *installer_args(stack.source, host)]
-        result = proc.run(argv, env={**env, "UV_PYTHON_DOWNLOADS": "never"}, timeout_s=900)
+        if constraints:
+            (Path(tmp) / "constraints.txt").write_text("\n".join(constraints) + "\n")
+            argv += ["--constraint", str(Path(tmp) / "constraints.txt")]
+        return proc.run(argv, env={**env, "UV_PYTHON_DOWNLOADS": "never"}, timeout_s=900)
+
+
+def _pins(output: str) -> tuple[str, ...]:
+    return tuple(line.strip() for line in output.splitlines()
+                 if line.strip() and not line.startswith(("#", " ", "$")) and ("==" in line or " @ " in line))
+
+
+def stack_constraints(pins: Sequence[str]) -> tuple[str, ...]:
+    """The pins a suite may not move: torch and what comes with it (CUDA wheels, triton)."""
+    return tuple(p for p in pins if _STACK_PIN.match(p))
+
+
+def resolve_stack(stack: Stack, table: CompatTable, host: PipConfig, env: Mapping[str, str],
+                  deps: SuiteDeps | None = None) -> Resolution:
+    """The stack alone first; then, when the suite brings requirements, the stack plus the suite with
+    the stack's torch family pinned as a constraint. A suite requirement that cannot live with that
+    torch is named (exit 2): the stack under test always wins."""
+    base = tuple(requirements(table, stack))
+    result = _compile(stack, base, (), host, env)
+    if not result.ok:
+        return _failed(stack, base, result)
+    pins = _pins(result.tail)
+    if deps is None or deps.empty:
+        return Resolution(stack, base, pins)
+    reqs = tuple(requirements(table, stack, deps.install_lines()))
+    held = (*stack_constraints(pins), *deps.constraint_lines())
+    result = _compile(stack, reqs, held, host, env)
     if result.ok:
-        pins = tuple(line.strip() for line in result.tail.splitlines()
-                     if line.strip() and not line.startswith(("#", " ", "$")) and "==" in line)
-        return Resolution(stack, reqs, pins)
+        return Resolution(stack, reqs, _pins(result.tail))
+    if not _UNSATISFIABLE.search(result.tail) or is_network_failure(result.tail):
+        return _failed(stack, reqs, result)
+    culprits = []  # each suite requirement alone beside the stack's torch: which one cannot be had?
+    for requirement in reqs[len(base):]:
+        alone = _compile(stack, (base[0], requirement), held, host, env)
+        if not alone.ok and _UNSATISFIABLE.search(alone.tail):
+            culprits.append((requirement, _causes(alone.tail)))
+    if culprits:
+        named = "; ".join(f"{r!r} ({deps.origin_of(r)})" for r, _ in culprits)
+        raise ConfigError(f"the suite's requirement(s) {named} cannot be installed with the stack under test, "
+                          f"{base[0]} ({stack.label}): {culprits[0][1]}",
+                          hint="the stack's torch (and the CUDA wheels that come with it) always wins: relax or drop "
+                               "the requirement; companion packages (torchvision, torchaudio) must be the builds "
+                               "made for this torch")
+    raise ConfigError(f"the suite's requirements cannot be resolved together with {base[0]} ({stack.label}): "
+                      f"{_causes(result.tail)}", hint=f"read from: {', '.join(deps.sources) or 'the flags'}")
+
+
+def _failed(stack: Stack, reqs: Sequence[str], result: proc.ProcResult) -> Resolution:
     if _UNSATISFIABLE.search(result.tail) and not is_network_failure(result.tail):
         raise ConfigError(f"the requirements of {stack.label} cannot be resolved: {_causes(result.tail)}",
                           hint=f"check the version ({' '.join(reqs)}) against what the wheel source offers "
                                "(`uv pip compile`); see --index-url / --find-links")
-    return Resolution(stack, reqs, problem=f"resolving {' '.join(reqs)} failed (exit {result.returncode}, "
-                                           f"index unreachable?): {_causes(result.tail)}")
+    return Resolution(stack, tuple(reqs), problem=f"resolving {' '.join(reqs)} failed (exit {result.returncode}, "
+                                                  f"index unreachable?): {_causes(result.tail)}")
 
 
 def resolve_all(stacks: Sequence[Stack], table: CompatTable, host: PipConfig,
-                env: Mapping[str, str]) -> dict[str, Resolution]:
+                env: Mapping[str, str], deps: SuiteDeps | None = None) -> dict[str, Resolution]:
     """By stack content hash. Raises ConfigError on the first stack that cannot exist."""
     out = {}
     for stack in stacks:
         if stack.content_hash not in out:
-            out[stack.content_hash] = resolve_stack(stack, table, host, env)
+            out[stack.content_hash] = resolve_stack(stack, table, host, env, deps)
     return out

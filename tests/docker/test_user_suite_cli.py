@@ -50,3 +50,20 @@ def test_plain_suite_gives_go_then_no_go_naming_the_failing_test(engine: object,
     report = json.loads((tmp_path / "reports" / "red" / "report.json").read_text())
     blocking = [r for r in report["reasons"] if r["severity"] == "blocking"]
     assert [r["test"].rsplit("/", 1)[-1] for r in blocking] == ["test_model.py::test_pinned_to_the_production_release"]
+
+
+def test_a_monorepo_suite_with_its_own_package_in_both_images(engine: object, tmp_path: Path) -> None:
+    """Issue 14 with the Docker backend (the default): the suite's requirements and the team's package
+    go into the images from the host wheelhouse, in a layer after the stack; a rerun reuses both images."""
+    from tests.torch.test_suite_requirements import MONOREPO, check_green_in_both_stacks
+    shutil.copytree(MONOREPO, tmp_path / "monorepo")
+    args = ("--suite", "monorepo/trainer_suite", "--suite-install", "monorepo/libs/recsys_kit")
+    first = _stackgate(tmp_path, *args, "--run-id", "first")
+    assert first.returncode == 0, first.stdout[-4000:] + first.stderr[-2000:]
+    cells = check_green_in_both_stacks(tmp_path / "reports" / "first" / "report.json")
+    assert {c["environment"]["backend"] for c in cells} == {"docker"}
+    again = _stackgate(tmp_path, *args, "--run-id", "again")
+    assert again.returncode == 0, again.stdout[-4000:] + again.stderr[-2000:]
+    assert "building image" not in again.stdout and "building a wheel" not in again.stdout
+    cells = check_green_in_both_stacks(tmp_path / "reports" / "again" / "report.json")
+    assert all(c["environment"]["env_reused"] for c in cells)

@@ -90,3 +90,17 @@ def test_history_persists_and_yields_trends(tmp_path: Path) -> None:
     trend = history.trends(db, channel="stable", matrix="upgrade-torch")
     assert [run for run, _ in trend["recsys.step_time"]] == ["r0", "r1", "r2"]
     assert history.trends(db, channel="nightly", matrix="upgrade-torch") == {}
+
+
+def test_the_stack_diff_shows_a_change_in_the_suites_own_packages() -> None:
+    """A suite's local project appears in a venv's freeze as `name @ file:///...whl`: its version comes
+    from the wheel's name, so a changed team package is a change in the diff like any other."""
+    rec = selftest.recorded("cuda")
+    prod, cand = rec.production, rec.candidate
+    wheel = "recsys-kit @ file:///root/.cache/stackgate/projects/recsys_kit-{h}/recsys_kit-{v}-py3-none-any.whl"
+    results = {prod.id: replace(rec.results[prod.id], environment={
+                   "packages": ["torch==2.13.0", "einops==0.8.1", wheel.format(h="a1", v="0.3.0")]}),
+               cand.id: replace(rec.candidate_result, environment={
+                   "packages": ["torch==2.14.1", "einops==0.8.2", wheel.format(h="b2", v="0.4.0")]})}
+    changes = {(p.name, p.production, p.candidate) for p in stack_diffs((prod, cand), results)[0].packages}
+    assert changes == {("torch", "2.13.0", "2.14.1"), ("einops", "0.8.1", "0.8.2"), ("recsys-kit", "0.3.0", "0.4.0")}

@@ -116,5 +116,5 @@ def test_environment_requirements_follow_pypi_default_variant() -> None:
     cpu = Stack(parse_torch("2.13.0"), CudaVariant("cpu"), "3.11")
     default = Stack(parse_torch("2.14.1"), CudaVariant("cu130"), "3.11", extra_requirements=("torchvision==0.29.1",))
     assert requirements(TABLE, cpu) == ["torch==2.13.0+cpu", "numpy", "pytest"]
-    assert requirements(TABLE, default) == ["torch==2.14.1", "numpy", "pytest", "torchvision==0.29.1"]
+    assert requirements(TABLE, default) == ["torch==2.14.1", "torchvision==0.29.1", "numpy", "pytest"]
     assert requirements(TABLE, Stack(parse_torch("2.14.1"), CudaVariant("cu126"), "3.11"), ())[0] == "torch==2.14.1+cu126"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -38,6 +38,7 @@ class RunContext:
     against: Cell | None = None
     artifacts: Path | None = None  # STACKGATE_ARTIFACTS for this run of the cell (set by the pipeline)
     select: tuple[str, ...] = ()  # repeats: only these test node ids
+    suite_deps: Mapping[str, Any] = field(default_factory=dict)  # what the suite installs (for the report)
 
     def result_id(self, cell: Cell) -> str:
         return cell.result_id(self.phase, self.against)

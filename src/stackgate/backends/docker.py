@@ -16,9 +16,11 @@ from stackgate.backends.base import EnvHandle, PrepareFailed, RunContext
 from stackgate.compat import CompatTable
 from stackgate.docker_engine import BuildError, ContainerExit, ContainerSpec, Engine
 from stackgate.model import Cell, CellResult, Stack
-from stackgate.plan import SUITE_REQUIREMENTS, requirements
+from stackgate.plan import SUITE_REQUIREMENTS as SUITE_BASE
+from stackgate.plan import requirements
 from stackgate.proc import ProcResult
 from stackgate.sources import PipConfig, installer_args
+from stackgate.suite_deps import SuiteDeps
 
 SUITE_IN_IMAGE = "/opt/stackgate/suite"
 RDZV_PORT = 29400
@@ -30,7 +32,7 @@ class DockerBackend:
     def __init__(self, engine: Engine, cache_dir: Path, compat: CompatTable, host_pip: PipConfig,
                  env: Mapping[str, str], *, suite_dir: Path, allow_bootstrap: bool = True,
                  mirror: str = "http://deb.debian.org/debian", ca_bundle: str | None = None,
-                 say: Callable[[str], None] = print, suite_requirements: tuple[str, ...] = SUITE_REQUIREMENTS) -> None:
+                 say: Callable[[str], None] = print, deps: SuiteDeps | None = None) -> None:
         self.engine = engine
         self.cache_dir = cache_dir
         self.compat = compat
@@ -41,7 +43,7 @@ class DockerBackend:
         self.mirror = mirror
         self.ca_bundle = images.host_ca_bundle(host_pip, ca_bundle)
         self.say = say
-        self.suite_requirements = suite_requirements
+        self.deps = deps or SuiteDeps()
 
     def prepare(self, stack: Stack, log_path: Path) -> EnvHandle:
         start = time.monotonic()
@@ -49,21 +51,32 @@ class DockerBackend:
         base_id = images.ensure_base(self.engine, base, allow_bootstrap=self.allow_bootstrap
                                      and base.startswith("stackgate/base:"), mirror=self.mirror, say=self.say,
                                      work_dir=log_path.parent)
-        reqs = requirements(self.compat, stack, self.suite_requirements)
+        reqs = requirements(self.compat, stack)
+        extra = [images.in_image(r) for r in self.deps.install_lines()[len(SUITE_BASE):]]
         self.say(f"  resolving wheels for {' '.join(reqs)} into the host wheelhouse")
+        index = installer_args(stack.source, self.host_pip)
         try:
-            house = images.wheelhouse(self.cache_dir, reqs, installer_args(stack.source, self.host_pip), stack.python,
-                                      self.ca_bundle, self.env, log_path)
+            house = images.wheelhouse(self.cache_dir, reqs, index, stack.python, self.ca_bundle, self.env, log_path)
+            suite_house = None
+            if extra:  # the suite's wheels, with everything the stack has held where it is
+                self.say(f"  resolving the suite's wheels for {' '.join(extra)}")
+                lines = list(self.deps.install_lines()[len(SUITE_BASE):])
+                fetched = images.wheelhouse(self.cache_dir, lines, index, stack.python, self.ca_bundle, self.env,
+                                            log_path, constraints=(*images.pins(house), *self.deps.constraint_lines()))
+                have = {w.filename for w in house.wheels}
+                suite_house = images.Wheelhouse(fetched.path, tuple(w for w in fetched.wheels
+                                                                    if w.filename not in have))
         except images.WheelhouseFailed as exc:
             raise PrepareFailed(str(exc), exc.log_tail) from None
         template = images.TEMPLATE.read_text()
-        key = images.image_key(template, base_id, house, images.suite_digest(self.suite_dir), reqs)
+        every = images.Wheelhouse(house.path, house.wheels + (suite_house.wheels if suite_house else ()))
+        key = images.image_key(template, base_id, every, images.suite_digest(self.suite_dir), [*reqs, *extra])
         tag = f"stackgate/stack:{stack.label}-{key}"
         found = self.engine.image_labels(tag)
         if found is None:
-            dockerfile = images.render(template, base=base, requirements=reqs,
+            dockerfile = images.render(template, base=base, requirements=reqs, suite_requirements=extra,
                                        label_map=images.labels(stack, house, base, base_id, key))
-            ctx = images.build_context(dockerfile, house, self.suite_dir)
+            ctx = images.build_context(dockerfile, house, self.suite_dir, suite_house)
             self.say(f"  building image {tag} (log: {log_path})")
             try:
                 with log_path.open("a") as log:
@@ -81,7 +94,7 @@ class DockerBackend:
         else:
             reused = True
         sbom = {"kind": "image", "tag": tag, "key": key, "labels": {k: v for k, v in found.items() if k != "_id"},
-                "image_id": found.get("_id", ""), "wheels": [w.filename for w in house.wheels]}
+                "image_id": found.get("_id", ""), "wheels": [w.filename for w in every.wheels]}
         try:
             sbom["packages"] = self.engine.read_file(tag, "/opt/stackgate/sbom/pip-freeze.txt").split()
         except Exception as exc:

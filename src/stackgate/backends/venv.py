@@ -20,9 +20,10 @@ from stackgate.backends.base import EnvHandle, PrepareFailed, RunContext, free_p
 from stackgate.compat import CompatTable
 from stackgate.errors import InfraError
 from stackgate.model import Cell, CellResult, Stack
-from stackgate.plan import SUITE_REQUIREMENTS, requirements
+from stackgate.plan import requirements
 from stackgate.resolve import is_network_failure
 from stackgate.sources import PipConfig, installer_args
+from stackgate.suite_deps import SuiteDeps
 
 MARKER = "stackgate-env.json"
 LAYOUT = 2  # bump when the way environments are built changes (2: bytecode compiled at build time)
@@ -32,22 +33,24 @@ class VenvBackend:
     name = "venv"
 
     def __init__(self, cache_dir: Path, compat: CompatTable, host_pip: PipConfig, env: Mapping[str, str],
-                 *, suite_requirements: tuple[str, ...] = SUITE_REQUIREMENTS) -> None:
+                 *, deps: SuiteDeps | None = None) -> None:
         self.cache_dir = cache_dir / "envs"
         self.compat = compat
         self.host_pip = host_pip
         self.env = dict(env)
-        self.suite_requirements = suite_requirements
+        self.deps = deps or SuiteDeps()
 
     # ------------------------------------------------------------------------------------ prepare
     def key(self, stack: Stack, reqs: list[str]) -> str:
         blob = json.dumps({"stack": stack.to_json(), "requirements": reqs, "layout": LAYOUT,
+                           "constraints": list(self.deps.constraint_lines()),
+                           "projects": [b.digest for b in self.deps.built],
                            "installer": installer_args(stack.source, self.host_pip)}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     def prepare(self, stack: Stack, log_path: Path) -> EnvHandle:
         start = time.monotonic()
-        reqs = requirements(self.compat, stack, self.suite_requirements)
+        reqs = requirements(self.compat, stack, self.deps.install_lines())
         key = self.key(stack, reqs)
         root = self.cache_dir / f"{stack.label}-{key}"
         root.parent.mkdir(parents=True, exist_ok=True)
@@ -66,11 +69,16 @@ class VenvBackend:
         shutil.rmtree(staging, ignore_errors=True)
         staging.parent.mkdir(parents=True, exist_ok=True)
         uv = [sys.executable, "-m", "uv"]
+        constraints: list[str] = []
+        if self.deps.constraints:  # the suite's own constraints hold at install time too
+            held = root.with_name(f"{root.name}.constraints.txt")
+            held.write_text("\n".join(self.deps.constraint_lines()) + "\n")
+            constraints = ["--constraint", str(held)]
         steps = [
             [*uv, "venv", "--quiet", "--python", stack.python, str(staging)],
             # bytecode compiled once, into the cache: every rank of every test imports torch
             [*uv, "pip", "install", "--compile-bytecode", "--python", str(staging / "bin" / "python"),
-             *installer_args(stack.source, self.host_pip), *reqs],
+             *installer_args(stack.source, self.host_pip), *constraints, *reqs],
         ]
         env = {**self.env, "UV_PYTHON_DOWNLOADS": "never", "VIRTUAL_ENV": str(staging)}
         for argv in steps:

@@ -82,7 +82,13 @@ class RunReport:
 def _packages(result: CellResult) -> dict[str, str]:
     out: dict[str, str] = {}
     for line in result.environment.get("packages", []):
-        if "==" in line:
+        if " @ " in line:  # a local project's wheel: its version is in the file name
+            name, url = (part.strip() for part in line.split(" @ ", 1))
+            version = url.rsplit("/", 1)[-1]
+            if version.endswith(".whl") and version.count("-") >= 4:
+                version = version.split("-")[1]
+            out[re.sub(r"[-_.]+", "-", name).lower()] = version
+        elif "==" in line:
             name, version = line.split("==", 1)
             out[re.sub(r"[-_.]+", "-", name).lower()] = version
     return out
