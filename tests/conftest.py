@@ -10,13 +10,14 @@ sys.path.insert(0, str(ROOT / "integration_tests"))  # pure helpers (busbw, nccl
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The tier is the directory: tests/torch -> `torch`, tests/docker -> `docker` (select with -m)."""
+    """The tier is the directory: tests/torch -> `torch`, tests/docker -> `docker`, tests/slurm -> `slurm`
+    (select with -m)."""
     for item in items:
         path = Path(str(item.fspath))
         if not path.is_relative_to(ROOT / "tests"):
             continue
         tier = path.relative_to(ROOT / "tests").parts[0]
-        if tier in ("torch", "docker"):
+        if tier in ("torch", "docker", "slurm"):
             item.add_marker(getattr(pytest.mark, tier))
 
 

@@ -15,10 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stackgate import __version__, images, results
+from stackgate import __version__, results
 from stackgate.errors import ConfigError
 from stackgate.policy import Policy
 from stackgate.report.files import atomic_write
+from stackgate.suite import suite_digest
 
 MANIFEST = "run.json"
 
@@ -38,7 +39,7 @@ def definition(*, matrix: Path, config_dir: Path, candidate: Sequence[object], p
                suite_requirements: Sequence[str] = ()) -> dict[str, str]:
     """The run definition: equal on every runner of one fleet run (no absolute paths in it).
     `suite_requirements`: what the suite installs besides the stack, without host paths."""
-    suite_hash = digest(suite.read_bytes()) if suite.is_file() else images.suite_digest(suite)[:16]
+    suite_hash = digest(suite.read_bytes()) if suite.is_file() else suite_digest(suite)[:16]
     config = {name: digest((config_dir / name).read_bytes()) for name in ("compat.toml", "fleet.toml",
                                                                          "production.toml")}
     defined = {

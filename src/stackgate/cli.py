@@ -22,6 +22,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="run a matrix and decide")
     options.add_arguments(run, "run")
+    run.add_argument("--dry-run", action="store_true", help="print what each cell would run (with --launcher slurm: "
+                                                            "the job scripts) and exit; nothing is built or written")
 
     mg = sub.add_parser("merge", help="one verdict over the bundles (run directories) of a fleet run")
     mg.add_argument("bundles", nargs="+", metavar="BUNDLE", help="run directories written by `stackgate run --pool`")
@@ -108,8 +110,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "run":
         from stackgate import pipeline
-        cli = {k: v for k, v in vars(args).items() if k != "command"}
+        cli = {k: v for k, v in vars(args).items() if k not in ("command", "dry_run")}
         opts = options.resolve(cli, os.environ, Path("stackgate.toml"))
+        if args.dry_run:
+            return pipeline.dry_run(opts, dict(os.environ))
         return pipeline.run(opts, dict(os.environ))
     if args.command == "merge":
         from stackgate import pipeline
@@ -223,44 +227,13 @@ def _history(args: argparse.Namespace) -> int:
 
 
 def _base_image(args: argparse.Namespace) -> int:
-    import tempfile
-
-    from stackgate import images
-    from stackgate.docker_engine import DockerEngine
-    from stackgate.errors import InfraError
-    engine = DockerEngine()
-    problem = engine.problem()
-    if problem:
-        raise InfraError(problem, hint="start dockerd first")
-    if not args.force and engine.image_labels(args.tag) is not None:
-        print(f"{args.tag} already present")
-        return 0
-    with tempfile.TemporaryDirectory(prefix="stackgate-base-") as work:
-        images.bootstrap_base(engine, args.tag, mirror=args.mirror, work_dir=Path(work))
-    print(f"imported {args.tag}")
-    return 0
+    from stackgate.backends import docker
+    return docker.base_image(args.tag, mirror=args.mirror, force=args.force)
 
 
 def _prune(args: argparse.Namespace) -> int:
-    from stackgate import images
-    from stackgate.docker_engine import DockerEngine
-    from stackgate.errors import ConfigError, InfraError
-    if args.keep < 1:
-        raise ConfigError("--keep must be at least 1")
-    engine = DockerEngine()
-    problem = engine.problem()
-    if problem:
-        raise InfraError(problem, hint="start dockerd first")
-    found = [images.ImageInfo(tag, created) for tag, created in engine.stack_images()]
-    stale = images.stale_images(found, args.keep)
-    for tag in stale:
-        print(f"{'would remove' if args.dry_run else 'remove'} {tag}")
-    if args.dry_run:
-        return 0
-    engine.remove_images(stale)
-    reclaimed = engine.prune_dangling()
-    print(f"removed {len(stale)} image(s); dangling build stages: {reclaimed / 2**30:.1f} GiB reclaimed")
-    return 0
+    from stackgate.backends import docker
+    return docker.prune(keep=args.keep, dry_run=args.dry_run)
 
 
 def _ci_github(args: argparse.Namespace) -> int:

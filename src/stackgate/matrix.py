@@ -31,6 +31,7 @@ from stackgate.model import (
     Pruned,
     Role,
     RunnerPool,
+    SlurmSpec,
     Stack,
     Topology,
     Transport,
@@ -151,7 +152,8 @@ def load_pools(path: Path, local: LocalHost) -> dict[str, RunnerPool]:
     doc = tomlfile.load(path)
     tomlfile.check_keys(doc, doc.data, ["pool"])
     pools: dict[str, RunnerPool] = {}
-    keys = ["detect", "driver", "gpu_class", "gpu", "gpus_per_node", "transport", "nodes", "runs_on"]
+    keys = ["detect", "driver", "gpu_class", "gpu", "gpus_per_node", "transport", "nodes", "runs_on", "launcher",
+            "partition", "account", "constraint"]
     for name, row in tomlfile.get(doc, doc.data, "pool", dict).items():
         if not re.fullmatch(r"[a-z0-9][a-z0-9\-]*", name):
             raise doc.error(f"pool name {name!r} must be lower-case letters, digits and '-'", "pool", name)
@@ -161,6 +163,7 @@ def load_pools(path: Path, local: LocalHost) -> dict[str, RunnerPool]:
             raise doc.error(f"pool {name}: nodes = {nodes}; a pool has at least one node", "pool", name, "nodes")
         runs_on = tomlfile.str_list(doc, row, "runs_on", "pool", name, default=[])
         detect = tomlfile.get(doc, row, "detect", bool, "pool", name, default=False)
+        slurm = _slurm(doc, row, name)
         # the expected network is what the pool declares; a detected pool that declares none expects "any"
         transport = _parse(doc, Transport, tomlfile.get(doc, row, "transport", str, "pool", name,
                                                         default="any" if detect else "none"),
@@ -169,7 +172,7 @@ def load_pools(path: Path, local: LocalHost) -> dict[str, RunnerPool]:
             pools[name] = RunnerPool(
                 name=name, driver=local.driver, gpu_class=local.gpu_class, gpu=local.gpu or "cpu",
                 gpus_per_node=local.gpu_count, transport=transport if local.gpu_count else Transport.NONE,
-                nodes=nodes, is_local=True, runs_on=runs_on,
+                nodes=nodes, is_local=True, runs_on=runs_on, slurm=slurm,
             )
             continue
         driver = tomlfile.get(doc, row, "driver", str, "pool", name, default="")
@@ -183,8 +186,24 @@ def load_pools(path: Path, local: LocalHost) -> dict[str, RunnerPool]:
             transport=transport,
             nodes=nodes,
             runs_on=runs_on,
+            slurm=slurm,
         )
     return pools
+
+
+def _slurm(doc: tomlfile.Doc, row: Mapping[str, Any], name: str) -> SlurmSpec | None:
+    """`launcher = "slurm"` with its partition/account/constraint; those keys without it are an error."""
+    launcher = tomlfile.get(doc, row, "launcher", str, "pool", name, default="local")
+    if launcher not in ("local", "slurm"):
+        raise doc.error(f"pool {name}: launcher = {launcher!r}; use \"local\" or \"slurm\"", "pool", name, "launcher")
+    found = {k: tomlfile.get(doc, row, k, str, "pool", name, default="") for k in ("partition", "account", "constraint")}
+    if launcher == "local":
+        given = [k for k, v in found.items() if v]
+        if given:
+            raise doc.error(f"pool {name}: {', '.join(given)} only apply with launcher = \"slurm\"", "pool", name,
+                            given[0])
+        return None
+    return SlurmSpec(**found)
 
 
 def load_production(path: Path) -> Production:

@@ -33,6 +33,15 @@ class Transport(str, enum.Enum):
 
 
 @dataclass(frozen=True)
+class SlurmSpec:
+    """A pool whose cells run as Slurm jobs (fleet.toml `launcher = "slurm"`, or `--launcher slurm`)."""
+
+    partition: str = ""  # "" = the cluster's default partition
+    account: str = ""
+    constraint: str = ""
+
+
+@dataclass(frozen=True)
 class RunnerPool:
     """A class of machines a cell can run on. `local` is the machine at hand."""
 
@@ -45,6 +54,7 @@ class RunnerPool:
     nodes: int = 1
     is_local: bool = False
     runs_on: tuple[str, ...] = ()  # CI runner labels of this pool (`stackgate ci github`)
+    slurm: SlurmSpec | None = None  # its cells are Slurm jobs (submitted from this runner)
 
     @property
     def has_gpu(self) -> bool:

@@ -103,6 +103,9 @@ class Settings:
     policy: Path | None = opt(None, _path, "gate policy file (default: the suite's stackgate-policy.toml, else "
                                            "<config-dir>/policy.toml for the bundled suite)", commands=RUN_MERGE)
     backend: str = opt("auto", _choice("auto", "venv", "docker"), "how stacks are built and cells run")
+    launcher: str = opt("pool", _choice("pool", "local", "slurm"), "how cells start: as each pool says in fleet.toml "
+                                                                    "(pool), on this machine (local), or as Slurm "
+                                                                    "jobs (slurm)")
     candidate: str | None = opt(None, str, "candidate torch version (replaces the matrix's torch axis)",
                                 commands=RUN_MERGE)
     pool: tuple[str, ...] = opt((), _list, "this runner belongs to pool NAME: run exactly that pool's cells "

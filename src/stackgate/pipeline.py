@@ -7,12 +7,13 @@ import datetime as dt
 import json
 import re
 import secrets
+import shlex
 import shutil
 import signal
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -21,10 +22,9 @@ from packaging.version import Version
 
 from stackgate import bundle, gate, history, matrix, probe, proc, resolve, results, sources, suite_deps
 from stackgate import compat as compat_mod
-from stackgate.backends.base import Backend, EnvHandle, PrepareFailed, RunContext
+from stackgate.backends.base import Backend, EnvHandle, Execution, PrepareFailed, RunContext, run_cell
 from stackgate.bundled import BUNDLED_SUITE
 from stackgate.console import Console
-from stackgate.docker_engine import DockerEngine
 from stackgate.errors import ConfigError, ExitCode, InfraError
 from stackgate.model import (
     Cell,
@@ -34,6 +34,7 @@ from stackgate.model import (
     Role,
     RunnerPool,
     Severity,
+    SlurmSpec,
     Status,
     Verdict,
     WheelSource,
@@ -44,7 +45,7 @@ from stackgate.policy import Policy, load_for_suite
 from stackgate.report import html_report, json_report, junit, markdown
 from stackgate.report.data import RunReport, counts, now, stack_diffs
 from stackgate.report.files import atomic_write
-from stackgate.suite import PLATFORM_CHECKS, SuiteSpec
+from stackgate.suite import PLATFORM_CHECKS, Layout, SuiteSpec, node_commands
 from stackgate.suite_deps import SuiteDeps
 from stackgate.versions import parse_torch
 
@@ -126,34 +127,42 @@ def build_suite_deps(opts: Options, loaded: Loaded, env: Mapping[str, str], say:
 
 def make_backend(opts: Options, loaded: Loaded, env: Mapping[str, str], say: Printer,
                  deps: SuiteDeps | None = None) -> Backend:
-    """`docker` when asked for, or by default whenever an engine answers; `venv` otherwise (with a notice)."""
+    """The environment backend (`_environments`), started through Slurm for the pools whose cells
+    are Slurm jobs (`--launcher slurm`, or `launcher = "slurm"` in fleet.toml)."""
+    backend = _environments(opts, loaded, env, say, deps)
+    if slurm_pools(opts, loaded):
+        from stackgate.backends.slurm import SlurmBackend
+        return SlurmBackend(backend, forced=SlurmSpec() if opts.launcher == "slurm" else None, env=env, say=say)
+    return backend
+
+
+def slurm_pools(opts: Options, loaded: Loaded) -> set[str]:
+    """The pools run here whose cells are Slurm jobs."""
+    if opts.launcher == "local":
+        return set()
+    return {n for n, p in loaded.pools.items() if p.is_local and (opts.launcher == "slurm" or p.slurm is not None)}
+
+
+def _environments(opts: Options, loaded: Loaded, env: Mapping[str, str], say: Printer,
+                  deps: SuiteDeps | None) -> Backend:
+    """`docker` when asked for, or by default whenever an engine answers (and cells start locally);
+    `venv` otherwise (with a notice)."""
     from stackgate.backends.venv import VenvBackend
+    if opts.backend == "auto" and slurm_pools(opts, loaded):
+        say("notice: Slurm jobs run the stack's venv on the nodes: using the venv backend")
+        return VenvBackend(opts.cache_dir, loaded.table, loaded.host_pip, env, deps=deps)
     if opts.backend in ("docker", "auto"):
-        from stackgate.backends.docker import DockerBackend
+        from stackgate.backends import docker
 
-        engine = DockerEngine()
-        problem = engine.problem()
-        if problem is None and opts.backend == "auto":
-            problem = _base_problem(engine, opts)
-        if problem is None:
-            return DockerBackend(engine, opts.cache_dir, loaded.table, loaded.host_pip, env, suite_dir=BUNDLED_SUITE,
-                                 allow_bootstrap=opts.bootstrap_base, mirror=opts.debian_mirror,
-                                 ca_bundle=opts.ca_bundle, say=say, deps=deps)
+        made = docker.create(opts.cache_dir, loaded.table, loaded.host_pip, env, allow_bootstrap=opts.bootstrap_base,
+                             mirror=opts.debian_mirror, ca_bundle=opts.ca_bundle, say=say, deps=deps,
+                             auto=opts.backend == "auto")
+        if not isinstance(made, str):
+            return made
         if opts.backend == "docker":
-            raise InfraError(problem, hint="start the Docker engine, or use --backend venv")
-        say(f"notice: {problem}; falling back to the venv backend")
+            raise InfraError(made, hint="start the Docker engine, or use --backend venv")
+        say(f"notice: {made}; falling back to the venv backend")
     return VenvBackend(opts.cache_dir, loaded.table, loaded.host_pip, env, deps=deps)
-
-
-def _base_problem(engine: DockerEngine, opts: Options) -> str | None:
-    """In auto mode, Docker is only chosen when the base image exists or can be bootstrapped."""
-    import shutil
-
-    from stackgate.images import LOCAL_BASE
-    has_base = engine.image_labels(LOCAL_BASE) is not None
-    if has_base or (opts.bootstrap_base and shutil.which("debootstrap")):
-        return None
-    return f"the Docker engine answers but {LOCAL_BASE} is missing and debootstrap is not installed"
 
 
 def new_run_id(matrix_name: str) -> str:
@@ -194,7 +203,8 @@ def run(opts: Options, env: Mapping[str, str], say: Printer | None = None) -> in
                           hint=(f"not run here: {away}" if away else "check --only and the matrix axes")
                           + f"; pruned: {len(chosen.pruned)}")
 
-    probes = probe_pools(chosen.cells, say)  # before anything is resolved or built for a host that cannot run it
+    # before anything is resolved or built for a host that cannot run it
+    probes = probe_pools(chosen.cells, say, remote=slurm_pools(opts, loaded))
     unfit = {p.pool: p for p in probes if not p.ok}
     runnable = tuple(c for c in chosen.cells if c.pool.name not in unfit)
     deps = build_suite_deps(opts, loaded, env, say)
@@ -262,6 +272,48 @@ def run(opts: Options, env: Mapping[str, str], say: Printer | None = None) -> in
     return code
 
 
+def dry_run(opts: Options, env: Mapping[str, str], say: Printer | None = None) -> int:
+    """`stackgate run --dry-run`: what each cell would run, in run order: with Slurm, the job script
+    and each node's script; else each node's command. Nothing is resolved, built, submitted or
+    written (the venv paths shown are where the environments will be)."""
+    from stackgate.backends import slurm
+    from stackgate.backends.venv import VenvBackend
+    console = Console(say)
+    say = console.say
+    loaded = load(opts, env, matrix.detect_local())
+    chosen = matrix.select(expand(loaded), opts.only, parse_shard(opts.shard))
+    remote = slurm_pools(opts, loaded)
+    forced = SlurmSpec() if opts.launcher == "slurm" else None
+    run_dir = opts.reports / (opts.run_id or "RUN_ID")
+    suite = suite_spec(opts, platform_checks=opts.platform_checks)
+    ctx = RunContext(run_id=run_dir.name, run_dir=run_dir, suite=suite)
+    venvs = VenvBackend(opts.cache_dir, loaded.table, loaded.host_pip, env, deps=loaded.deps)
+    say(f"dry run of {loaded.spec.name}: {len(chosen.cells)} cell(s) here; nothing is built, submitted or written")
+    if loaded.deps.projects:
+        say("  (the suite's local projects are built at run time: the venv paths below leave them out)")
+        venvs = VenvBackend(opts.cache_dir, loaded.table, loaded.host_pip, env,
+                            deps=replace(loaded.deps, projects=()))
+    for cell in run_order(chosen.cells):
+        workdir = run_dir / "cells" / cell.id
+        python = venvs.root_for(cell.stack)[0] / "bin" / "python"
+        exe = Execution(cell, workdir, artifacts_dir(run_dir, cell), workdir / "shared", suite.path, "DRYRUN")
+        spec = slurm.spec_for(cell, forced) if cell.pool.name in remote else None
+        layout = Layout(python=str(python), out=workdir, artifacts=exe.artifacts, shared=exe.shared, suite=suite.path,
+                        endpoint=f"${slurm.ENDPOINT}" if spec else ("127.0.0.1:PORT" if cell.topology.nodes > 1 else ""))
+        say(f"\n== {cell.id}: " + (f"Slurm job(s), partition {spec.partition or '(default)'}" if spec else "local"))
+        for group in node_commands(cell, ctx, layout):
+            if spec is not None:
+                files = slurm.render(spec, group, exe, seconds=suite.timeout_s, port=29400)
+                say(f"$ sbatch --parsable {workdir / 'slurm' / next(iter(files))}")
+                for name, text in files.items():
+                    say(f"--- {workdir / 'slurm' / name}\n{text.rstrip()}")
+                continue
+            for command in group:
+                say(f"--- node {command.node} ({command.label}), in {command.cwd}")
+                say("\n".join(f"{k}={v}" for k, v in sorted(command.env.items())) + "\n" + shlex.join(command.argv))
+    return 0
+
+
 def calibrate(opts: Options, env: Mapping[str, str], *, runs: int, target: float, say: Printer | None = None) -> int:
     """`stackgate calibrate`: A/A runs of the production stack on this runner (see `calibrate`)."""
     from stackgate import calibrate as cal
@@ -322,9 +374,12 @@ def calibrate(opts: Options, env: Mapping[str, str], *, runs: int, target: float
     return 0
 
 
-def probe_pools(cells: Sequence[Cell], say: Printer) -> list[probe.ProbeResult]:
-    """Probe this machine once for every GPU pool it runs cells of (see `probe`)."""
-    pools = {c.pool.name: c.pool for c in cells if c.pool.has_gpu}
+def probe_pools(cells: Sequence[Cell], say: Printer, remote: Collection[str] = ()) -> list[probe.ProbeResult]:
+    """Probe this machine once for every GPU pool it runs cells of (see `probe`); not the pools
+    whose cells run as Slurm jobs on other machines."""
+    for name in sorted({c.pool.name for c in cells if c.pool.has_gpu and c.pool.name in remote}):
+        say(f"host probe for pool {name}: skipped: its cells run as Slurm jobs on the cluster's nodes")
+    pools = {c.pool.name: c.pool for c in cells if c.pool.has_gpu and c.pool.name not in remote}
     if not pools:
         return []
     facts = probe.gather()
@@ -683,7 +738,7 @@ def _run_one(backend: Backend, cell: Cell, handle: Handle, ctx: RunContext, prog
     say(f"run {label}")
     progress.begin(label)
     try:
-        result = backend.run(cell, handle, ctx)
+        result = run_cell(backend, cell, handle, ctx)
     except InfraError as exc:
         result = did_not_run(Status.INFRA_ERROR, str(exc))
     environment = {**result.environment, "env_reused": handle.reused, "env_prepare_s": round(handle.prepare_s, 1)}

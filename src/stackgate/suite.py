@@ -1,27 +1,31 @@
-"""The harness's side of the suite contract: the environment a suite run gets, and how its
-outputs (JUnit XML from pytest, JSON lines from $STACKGATE_RESULTS) become a CellResult.
+"""The harness's side of the suite contract: what each node of a cell runs (`node_commands`: argv,
+environment, working directory), and how the outputs (JUnit XML from pytest, JSON lines from
+$STACKGATE_RESULTS) and the nodes' exits become a CellResult.
+
+Every way of running cells uses this one plan: a backend only says where things are as a node sees
+them (`Layout`) and executes the commands, returning a `NodeExit` per node.
 
 Any pytest suite works: identity/metrics records are optional; test outcomes come from JUnit.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import xml.etree.ElementTree as ET
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from stackgate.bundled import BUNDLED_SUITE
 from stackgate.model import Cell, CellResult, Metric, Outcome, Status, TestOutcome
-from stackgate.proc import ProcResult
 
 if TYPE_CHECKING:
     from stackgate.backends.base import RunContext
 
-_OOM = re.compile(r"(OOMKilled|^Killed$|OutOfMemoryError|CUDA out of memory|std::bad_alloc|MemoryError)")
+_OOM = re.compile(r"(OutOfMemoryError|CUDA out of memory|std::bad_alloc|MemoryError)")
 
 
 @dataclass(frozen=True)
@@ -77,26 +81,117 @@ class Invocation:
     cwd: Path
 
 
+_CONFIG_FILES = (("pytest.ini", ""), (".pytest.ini", ""), ("pyproject.toml", "[tool.pytest"), ("tox.ini", "[pytest]"),
+                 ("setup.cfg", "[tool:pytest]"))
+
+
+def has_own_config(suite: Path) -> bool:
+    """The suite directory holds a pytest configuration of its own (pytest's own rules of which
+    file counts)."""
+    for name, marker in _CONFIG_FILES:
+        found = suite / name
+        if found.is_file() and (not marker or marker in found.read_text(errors="replace")):
+            return True
+    return False
+
+
+def isolation(suite: Path, seen_as: Path) -> tuple[str, ...]:
+    """A suite is configured by what is in its own directory, whichever backend runs it: without a
+    pytest configuration of its own, pytest would otherwise pick up a parent directory's (its
+    filterwarnings, markers, conftest.py) on this host but not inside a container, where the suite
+    is mounted alone; the same suite would get a different verdict per backend."""
+    if has_own_config(suite):
+        return ()
+    return ("-c", "/dev/null", "--confcutdir", str(seen_as))
+
+
 def invocations(spec: SuiteSpec, phase: str, *, path: Path | None = None,
                 bundled: Path = BUNDLED_SUITE, select: tuple[str, ...] = ()) -> list[Invocation]:
     """The pytest runs of one cell. `select`: node ids (relative to the suite) to run alone, for the
     repeats of the performance-gated tests."""
     path = path or spec.path
     common = ("-v", "-p", "no:cacheprovider", "-o", "junit_family=xunit1")
+    own = isolation(spec.path, path)
     if select:
         targets = tuple(f"{path}/{nodeid}" for nodeid in select)
-        return [Invocation("suite", (*targets, "--rootdir", str(path), *common, *spec.pytest_args), path)]
+        return [Invocation("suite", (*targets, "--rootdir", str(path), *own, *common, *spec.pytest_args), path)]
     out = []
     if spec.platform_checks and path != bundled and phase == "main":
         checks = tuple(str(bundled / name) for name in PLATFORM_CHECKS)
         out.append(Invocation("platform", (*checks, "--rootdir", str(bundled), *common), bundled))
     only = ("-m", "crossversion") if phase == "rollback" else ()
-    out.append(Invocation("suite", (str(path), "--rootdir", str(path), *common, *only, *spec.pytest_args), path))
+    out.append(Invocation("suite", (str(path), "--rootdir", str(path), *own, *common, *only, *spec.pytest_args),
+                          path))
     return out
 
 
 def pytest_argv(python: str, invocation: Invocation, junit: Path) -> list[str]:
     return [python, "-m", "pytest", *invocation.args, f"--junitxml={junit}"]
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where things are as a node sees them: host paths for a venv, mount points in a container,
+    shared-filesystem paths on a cluster. The backend's only say in what a node runs."""
+
+    python: str
+    out: Path  # the cell's directory: JUnit and results files
+    artifacts: Path
+    shared: Path
+    suite: Path
+    bundled: Path = BUNDLED_SUITE
+    endpoint: str = ""  # host:port of the c10d rendezvous, for cells of more than one node
+
+
+@dataclass(frozen=True)
+class NodeCommand:
+    """What one node runs for one pytest invocation."""
+
+    node: int
+    label: str  # the invocation: "suite" or "platform"
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+    cwd: Path
+
+
+@dataclass(frozen=True)
+class NodeExit:
+    """How one node's command ended, as data: no status is ever read back out of log text."""
+
+    node: int
+    name: str  # the process or container, for messages
+    returncode: int  # negative: killed by that signal
+    timed_out: bool = False
+    oom_killed: bool = False
+    duration_s: float = 0.0
+    tail: str = ""
+
+
+def node_commands(cell: Cell, ctx: RunContext, layout: Layout) -> list[tuple[NodeCommand, ...]]:
+    """The plan of one cell: for each pytest invocation, in order, the command of every node (the
+    nodes of one invocation run at the same time and meet at `layout.endpoint`)."""
+    nodes = cell.topology.nodes
+    groups = []
+    for inv in invocations(ctx.suite, ctx.phase, path=layout.suite, bundled=layout.bundled, select=ctx.select):
+        group = []
+        for i in range(nodes):
+            env = suite_env(cell, results=layout.out / f"results-node{i}.jsonl", artifacts=layout.artifacts,
+                            shared=layout.shared, profile=ctx.suite.profile, run_id=ctx.run_id, node_rank=i,
+                            endpoint=layout.endpoint if nodes > 1 else "", phase=ctx.phase, extra=ctx.suite.env)
+            argv = pytest_argv(layout.python, inv, layout.out / f"junit-node{i}-{inv.label}.xml")
+            group.append(NodeCommand(i, inv.label, tuple(argv), env, inv.cwd))
+        groups.append(tuple(group))
+    return groups
+
+
+def suite_digest(suite: Path) -> str:
+    """A content hash of a suite directory (names and bytes; no caches)."""
+    h = hashlib.sha256()
+    for p in sorted(suite.rglob("*")):
+        if p.is_file() and "__pycache__" not in p.parts and not p.name.endswith(".pyc"):
+            h.update(str(p.relative_to(suite)).encode())
+            h.update(p.read_bytes())
+    return h.hexdigest()
 
 
 def parse_junit(paths: list[Path]) -> tuple[TestOutcome, ...]:
@@ -171,18 +266,18 @@ def parse_records(paths: list[Path]) -> Records:
 NO_ROLLBACK_TESTS = "the suite has no cross-version tests (-m crossversion): nothing to roll back"
 
 
-def classify(procs: list[ProcResult], tests: tuple[TestOutcome, ...], phase: str = "main") -> tuple[Status, str]:
-    """Status of a suite run from its processes' exit codes and the JUnit outcomes."""
+def classify(procs: Sequence[NodeExit], tests: tuple[TestOutcome, ...], phase: str = "main") -> tuple[Status, str]:
+    """Status of a suite run from its nodes' exits and the JUnit outcomes."""
     if phase == "rollback" and procs and {p.returncode for p in procs} == {5} and not any(p.timed_out for p in procs):
         return Status.SKIPPED, NO_ROLLBACK_TESTS  # pytest's "no tests collected" under -m crossversion
     if any(p.timed_out for p in procs):
         return Status.TIMEOUT, "the suite exceeded the cell timeout"
     tails = "\n".join(p.tail for p in procs)
     for p in procs:
-        if p.returncode in (-9, 137) and _OOM.search(p.tail):
-            return Status.OOM, f"{p.argv[0]} was killed (exit {p.returncode}): out of memory"
+        if p.oom_killed:
+            return Status.OOM, f"{p.name} was killed (exit {p.returncode}): out of memory"
         if p.returncode in (-9, 137):
-            return Status.CRASHED, f"{p.argv[0]} was killed (signal 9)"
+            return Status.CRASHED, f"{p.name} was killed (signal 9)"
         if p.returncode < 0:
             return Status.CRASHED, f"suite process died with signal {-p.returncode}"
     if any(t.outcome in ("failed", "error") and _OOM.search(t.message) for t in tests):
@@ -202,7 +297,7 @@ def classify(procs: list[ProcResult], tests: tuple[TestOutcome, ...], phase: str
     return Status.ERROR, f"pytest exited {sorted(codes)} (interrupted or internal error)"
 
 
-def build_result(cell: Cell, procs: list[ProcResult], workdir: Path, duration_s: float,
+def build_result(cell: Cell, procs: Sequence[NodeExit], workdir: Path, duration_s: float,
                  ctx: RunContext | None = None, extra_env: Mapping[str, Any] | None = None) -> CellResult:
     phase = ctx.phase if ctx is not None else "main"
     tests = parse_junit(sorted(workdir.glob("junit-node*.xml")))

@@ -5,10 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from stackgate import compat, images, sources
+from stackgate import compat, sources
 from stackgate.backends.base import EnvHandle
-from stackgate.backends.docker import DockerBackend
-from stackgate.docker_engine import DockerEngine
+from stackgate.backends.docker import DockerBackend, images
+from stackgate.backends.docker.engine import DockerEngine
 from stackgate.model import Stack
 from stackgate.suite import BUNDLED_SUITE
 from stackgate.versions import CudaVariant, parse_torch

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from stackgate import suite
-from stackgate.backends.base import EnvHandle, RunContext
+from stackgate.backends.base import EnvHandle, RunContext, run_cell
 from stackgate.backends.docker import DockerBackend
 from stackgate.model import Cell, GpuClass, Role, RunnerPool, Status, Topology
 
@@ -39,7 +39,7 @@ def test_single_node_cell_runs_torchrun_inside_its_container(docker_backend: Doc
                                                            tmp_path: Path) -> None:
     spec = suite.SuiteSpec(pytest_args=("-k", "identity or test_collective_correctness"), profile="quick",
                            timeout_s=300)
-    result = docker_backend.run(_cell(cpu_image, 1, 2), cpu_image, RunContext("d1", tmp_path, spec))
+    result = run_cell(docker_backend, _cell(cpu_image, 1, 2), cpu_image, RunContext("d1", tmp_path, spec))
     assert result.status is Status.PASSED, result.log_tail[-4000:]
     assert result.environment["torch"] == "2.13.0+cpu" and result.environment["backend"] == "docker"
 
@@ -48,7 +48,7 @@ def test_two_nodes_by_two_processes_fsdp_and_allreduce(docker_backend: DockerBac
                                                        tmp_path: Path) -> None:
     spec = suite.SuiteSpec(pytest_args=("-k", "test_collective_correctness or test_vit"), profile="quick",
                            timeout_s=600)
-    result = docker_backend.run(_cell(cpu_image, 2, 2), cpu_image, RunContext("dmn", tmp_path, spec))
+    result = run_cell(docker_backend, _cell(cpu_image, 2, 2), cpu_image, RunContext("dmn", tmp_path, spec))
     assert result.status is Status.PASSED, result.log_tail[-4000:]
     outcomes = {t.name: t.outcome for t in result.tests}
     assert outcomes["test_vit_fsdp.py::test_vit_fsdp2_mixed_precision_dcp_resume"] == "passed"
@@ -87,7 +87,7 @@ def test_killing_one_rank_fails_the_cell_while_the_next_test_completes(docker_ba
     killer = threading.Thread(target=kill_one_rank)
     killer.start()
     start = time.monotonic()
-    result = docker_backend.run(cell, cpu_image, RunContext("dkill", tmp_path, spec))
+    result = run_cell(docker_backend, cell, cpu_image, RunContext("dkill", tmp_path, spec))
     killer.join()
     assert killed, "the test could not find a rank to kill"
     assert result.status is Status.FAILED

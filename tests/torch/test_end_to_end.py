@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from stackgate import suite
-from stackgate.backends.base import EnvHandle, RunContext
+from stackgate.backends.base import EnvHandle, RunContext, run_cell
 from stackgate.backends.venv import VenvBackend
 from stackgate.model import Cell, GpuClass, Role, RunnerPool, Status, Topology
 
@@ -80,7 +80,7 @@ def test_two_nodes_by_two_processes_on_this_host(backend: VenvBackend, torch_env
     cell = Cell(torch_env.stack, pool, Topology(2, 2), Role.CANDIDATE, required=True)
     spec = suite.SuiteSpec(pytest_args=("-k", "test_collective_correctness or test_vit"), profile="quick",
                            timeout_s=600)
-    result = backend.run(cell, torch_env, RunContext("mn", tmp_path, spec))
+    result = run_cell(backend, cell, torch_env, RunContext("mn", tmp_path, spec))
     assert result.status is Status.PASSED, result.log_tail[-3000:]
     names = {t.name: t.outcome for t in result.tests}
     assert names["test_collectives.py::test_collective_correctness[2]"] == "passed"
@@ -95,7 +95,7 @@ def test_cell_timeout_is_reported_as_timeout(backend: VenvBackend, torch_env: En
     pool = RunnerPool("local", None, GpuClass.NONE, gpu="cpu", nodes=1, is_local=True)
     cell = Cell(torch_env.stack, pool, Topology(1, 2), Role.CANDIDATE)
     spec = suite.SuiteSpec(pytest_args=("-k", "test_vit"), timeout_s=kill_after)
-    result = backend.run(cell, torch_env, RunContext("to", tmp_path, spec))
+    result = run_cell(backend, cell, torch_env, RunContext("to", tmp_path, spec))
     assert result.status is Status.TIMEOUT
     assert result.duration_s < kill_after + 40
 
@@ -104,7 +104,7 @@ def test_a_users_own_suite_gets_the_platform_checks(backend: VenvBackend, torch_
     pool = RunnerPool("local", None, GpuClass.NONE, gpu="cpu", nodes=1, is_local=True)
     cell = Cell(torch_env.stack, pool, Topology(1, 2), Role.CANDIDATE)
     spec = suite.SuiteSpec(path=ROOT / "tests" / "data" / "user_suite", profile="quick", timeout_s=900)
-    result = backend.run(cell, torch_env, RunContext("user", tmp_path, spec))
+    result = run_cell(backend, cell, torch_env, RunContext("user", tmp_path, spec))
     assert result.status is Status.PASSED, result.log_tail[-3000:]
     names = {t.name.split("/")[-1]: t.outcome for t in result.tests}
     assert names["test_my_trainer.py::test_my_trainer_step"] == "passed"

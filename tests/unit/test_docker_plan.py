@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from stackgate import compat, images, suite
-from stackgate.backends.base import RunContext
-from stackgate.backends.docker import DockerBackend
-from stackgate.docker_engine import ContainerExit, ContainerSpec, container_kwargs
+from stackgate import compat, suite
+from stackgate.backends.base import RunContext, run_cell
+from stackgate.backends.docker import DockerBackend, images
+from stackgate.backends.docker.engine import ContainerExit, ContainerSpec, container_kwargs
 from stackgate.model import Cell, GpuClass, Role, RunnerPool, Stack, Status, Topology, WheelSource
 from stackgate.sources import PipConfig
 from stackgate.versions import CudaVariant, parse_torch
@@ -90,7 +90,7 @@ def test_multi_node_cell_gets_a_network_and_one_container_per_node(backend: tupl
     handle = be.prepare(STACK, tmp_path / "b.log")
     pool = RunnerPool("local", None, GpuClass.NONE, nodes=2, is_local=True)
     cell = Cell(STACK, pool, Topology(2, 2), Role.CANDIDATE)
-    result = be.run(cell, handle, RunContext("r1", tmp_path / "run", suite.SuiteSpec()))
+    result = run_cell(be, cell, handle, RunContext("r1", tmp_path / "run", suite.SuiteSpec()))
     specs, network = engine.groups[-1]
     assert network is not None and len(specs) == 2
     assert [s.env["STACKGATE_NODE_RANK"] for s in specs] == ["0", "1"]
@@ -103,7 +103,7 @@ def test_a_killed_container_is_a_crashed_cell(backend: tuple[DockerBackend, Fake
     engine.exit_codes = (1, 137)
     handle = be.prepare(STACK, tmp_path / "b.log")
     pool = RunnerPool("local", None, GpuClass.NONE, nodes=2, is_local=True)
-    result = be.run(Cell(STACK, pool, Topology(2, 2), Role.CANDIDATE), handle,
+    result = run_cell(be, Cell(STACK, pool, Topology(2, 2), Role.CANDIDATE), handle,
                     RunContext("r2", tmp_path / "run", suite.SuiteSpec()))
     assert result.status is Status.CRASHED and "killed" in result.reason
 

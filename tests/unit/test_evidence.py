@@ -12,7 +12,6 @@ import pytest
 from stackgate import matrix, options, policy, results, stats, suite, tomlfile
 from stackgate.errors import ConfigError
 from stackgate.model import CellResult, Role, Status
-from stackgate.proc import ProcResult
 from stackgate.report.files import atomic_write, strip_control
 
 
@@ -49,7 +48,7 @@ def test_a_bad_metrics_record_makes_the_cell_error_quoting_the_line(tmp_path: Pa
         '<testsuites><testsuite><testcase classname="test_a" file="test_a.py" name="test_x"/></testsuite></testsuites>')
     from tests.unit.test_user_paths import _user_cells
     _, cand = _user_cells()
-    result = suite.build_result(cand, [ProcResult(("pytest",), 0, False, 1.0, "")], tmp_path, 1.0)
+    result = suite.build_result(cand, [suite.NodeExit(0, "pytest", 0)], tmp_path, 1.0)
     assert result.status is Status.ERROR
     assert "results-node0.jsonl:2" in result.reason and line[:20] in result.reason
 

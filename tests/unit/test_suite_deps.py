@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from stackgate import images, suite_deps
+from stackgate import suite_deps
+from stackgate.backends.docker import images
 from stackgate.errors import ConfigError
 from stackgate.options import resolve
 from stackgate.plan import SUITE_REQUIREMENTS

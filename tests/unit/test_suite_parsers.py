@@ -9,7 +9,6 @@ import pytest
 
 from stackgate import results, suite
 from stackgate.model import CellResult, Role, Status
-from stackgate.proc import ProcResult
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 
@@ -77,8 +76,8 @@ def test_junit_merge_and_records(tmp_path: Path) -> None:
     assert len(rec.problems) == 1
 
 
-def _proc(rc: int, timed_out: bool = False, tail: str = "") -> ProcResult:
-    return ProcResult(("pytest",), rc, timed_out, 1.0, tail)
+def _proc(rc: int, timed_out: bool = False, tail: str = "", oom_killed: bool = False) -> suite.NodeExit:
+    return suite.NodeExit(0, "pytest", rc, timed_out, oom_killed, 1.0, tail)
 
 
 def test_classify_statuses() -> None:
@@ -87,7 +86,8 @@ def test_classify_statuses() -> None:
     assert suite.classify([_proc(0)], ok)[0] is Status.PASSED
     assert suite.classify([_proc(1)], (TestOutcome("t", "failed"),))[0] is Status.FAILED
     assert suite.classify([_proc(-15, timed_out=True)], ok)[0] is Status.TIMEOUT
-    assert suite.classify([_proc(-9, tail="Killed")], ok)[0] is Status.OOM
+    assert suite.classify([_proc(-9, oom_killed=True)], ok)[0] is Status.OOM  # the backend says so, as data
+    assert suite.classify([_proc(-9, tail="Killed")], ok)[0] is Status.CRASHED  # a log line is not evidence
     assert suite.classify([_proc(-11)], ok)[0] is Status.CRASHED
     assert suite.classify([_proc(5)], ())[0] is Status.ERROR
     assert suite.classify([_proc(0)], ())[0] is Status.ERROR

@@ -31,7 +31,6 @@ from stackgate.model import (
 )
 from stackgate.pipeline import why_lines
 from stackgate.policy import SUITE_POLICY, load_for_suite, load_policy
-from stackgate.proc import ProcResult
 from stackgate.versions import CudaVariant, parse_driver, parse_torch
 from tests.unit.test_matrix import _expand
 
@@ -162,7 +161,7 @@ def test_a_policy_beside_the_suite_overrides_the_default(tmp_path: Path) -> None
 
 
 def test_rollback_with_no_cross_version_tests_is_not_an_error() -> None:
-    procs = [ProcResult(("pytest",), 5, False, 1.0, "no tests ran")]
+    procs = [suite.NodeExit(0, "pytest", 5, tail="no tests ran")]
     assert suite.classify(procs, (), "rollback") == (Status.SKIPPED, suite.NO_ROLLBACK_TESTS)
     assert suite.classify(procs, (), "main")[0] is Status.ERROR  # in the main phase it still is
     prod, cand = _user_cells()

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import hashlib
 import random
+import secrets
 import socket
-from collections.abc import Callable, Mapping
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 from stackgate.model import Cell, CellResult, Stack
-from stackgate.suite import SuiteSpec
+from stackgate.suite import Layout, NodeCommand, NodeExit, SuiteSpec, build_result, node_commands
 
 
 @dataclass(frozen=True)
@@ -77,14 +80,49 @@ class PrepareFailed(Exception):
         self.log_tail = log_tail
 
 
+@dataclass(frozen=True)
+class Execution:
+    """One attempt at one cell, as the backend sees it: host directories and a unique name."""
+
+    cell: Cell
+    workdir: Path  # the cell's directory on this host (per-node logs go here)
+    artifacts: Path
+    shared: Path
+    suite: Path  # the suite on this host
+    tag: str  # unique per attempt: what an earlier, killed attempt left never blocks this one
+    on_line: Callable[[str], None] | None = None
+
+
 class Backend(Protocol):
+    """Provides environments and executes node commands; what the nodes run is `suite.node_commands`."""
+
     name: str
 
     def prepare(self, stack: Stack, log_path: Path) -> EnvHandle: ...
 
-    def run(self, cell: Cell, handle: EnvHandle, ctx: RunContext) -> CellResult: ...
+    def layout(self, handle: EnvHandle, exe: Execution) -> Layout: ...
+
+    def execute(self, handle: EnvHandle, commands: Sequence[NodeCommand], deadline: float,
+                exe: Execution) -> tuple[NodeExit, ...]: ...
+
+    def describe(self, handle: EnvHandle) -> dict[str, Any]: ...
 
     def close(self) -> None: ...
+
+
+def run_cell(backend: Backend, cell: Cell, handle: EnvHandle, ctx: RunContext) -> CellResult:
+    """One cell on any backend: the suite's node plan, executed invocation by invocation (the nodes
+    of each at the same time) under one deadline, then collected into a CellResult."""
+    workdir, shared = ctx.fresh_cell_dir(cell)
+    tag = hashlib.sha1(f"{ctx.run_id}/{ctx.result_id(cell)}/{secrets.token_hex(4)}".encode()).hexdigest()[:10]
+    exe = Execution(cell, workdir, ctx.artifacts_dir(cell), shared, ctx.suite.path.resolve(), tag, ctx.on_line)
+    layout = backend.layout(handle, exe)
+    start = time.monotonic()
+    deadline = start + ctx.suite.timeout_s
+    exits: list[NodeExit] = []
+    for group in node_commands(cell, ctx, layout):
+        exits += backend.execute(handle, group, deadline, exe)
+    return build_result(cell, exits, workdir, time.monotonic() - start, ctx, extra_env=backend.describe(handle))
 
 
 def free_port(low: int = 20000, high: int = 40000) -> int:

@@ -6,26 +6,33 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from filelock import FileLock
 
-from stackgate import proc, suite
-from stackgate.backends.base import EnvHandle, PrepareFailed, RunContext, free_port
+from stackgate import proc
+from stackgate.backends.base import EnvHandle, Execution, PrepareFailed, free_port
+from stackgate.bundled import BUNDLED_SUITE
 from stackgate.compat import CompatTable
 from stackgate.errors import InfraError
-from stackgate.model import Cell, CellResult, Stack
+from stackgate.model import Stack
 from stackgate.plan import requirements
 from stackgate.resolve import is_network_failure
 from stackgate.sources import PipConfig, installer_args
+from stackgate.suite import Layout, NodeCommand, NodeExit
 from stackgate.suite_deps import SuiteDeps
 
 MARKER = "stackgate-env.json"
+# a process killed with signal 9 whose output says memory ran out (the kernel's OOM killer leaves no
+# other trace a process group can see)
+_KILLED_FOR_MEMORY = re.compile(r"(^Killed$|OutOfMemoryError|CUDA out of memory|std::bad_alloc|MemoryError)")
 LAYOUT = 2  # bump when the way environments are built changes (2: bytecode compiled at build time)
 
 
@@ -48,11 +55,15 @@ class VenvBackend:
                            "installer": installer_args(stack.source, self.host_pip)}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
-    def prepare(self, stack: Stack, log_path: Path) -> EnvHandle:
-        start = time.monotonic()
+    def root_for(self, stack: Stack) -> tuple[Path, str, list[str]]:
+        """Where the stack's venv lives (built or not), its key, and what it installs."""
         reqs = requirements(self.compat, stack, self.deps.install_lines())
         key = self.key(stack, reqs)
-        root = self.cache_dir / f"{stack.label}-{key}"
+        return self.cache_dir / f"{stack.label}-{key}", key, reqs
+
+    def prepare(self, stack: Stack, log_path: Path) -> EnvHandle:
+        start = time.monotonic()
+        root, key, reqs = self.root_for(stack)
         root.parent.mkdir(parents=True, exist_ok=True)
         # concurrent runs sharing a cache: one builds, the others wait and then reuse
         with FileLock(str(root.with_name(root.name + ".lock"))):
@@ -99,37 +110,39 @@ class VenvBackend:
         return EnvHandle(stack, str(python), key, reused=False, prepare_s=time.monotonic() - start, sbom=sbom)
 
     # ---------------------------------------------------------------------------------------- run
-    def run(self, cell: Cell, handle: EnvHandle, ctx: RunContext) -> CellResult:
-        phase = ctx.phase
-        workdir, shared = ctx.fresh_cell_dir(cell)
-        endpoint = f"127.0.0.1:{free_port()}" if cell.topology.nodes > 1 else ""
+    def layout(self, handle: EnvHandle, exe: Execution) -> Layout:
+        """Nodes are processes on this host: every path is the host's own."""
+        endpoint = f"127.0.0.1:{free_port()}" if exe.cell.topology.nodes > 1 else ""
+        return Layout(python=handle.ref, out=exe.workdir, artifacts=exe.artifacts, shared=exe.shared,
+                      suite=exe.suite, bundled=BUNDLED_SUITE, endpoint=endpoint)
+
+    def execute(self, handle: EnvHandle, commands: Sequence[NodeCommand], deadline: float,
+                exe: Execution) -> tuple[NodeExit, ...]:
+        """One process group per node, all at once, in the venv."""
         venv_bin = str(Path(handle.ref).parent)
-        procs: list[proc.ProcResult] = []
-        start = time.monotonic()
-        deadline = start + ctx.suite.timeout_s
+        exits: list[NodeExit | None] = [None] * len(commands)
 
-        for inv in suite.invocations(ctx.suite, phase, select=ctx.select):
-            results: list[proc.ProcResult | None] = [None] * cell.topology.nodes
+        def node(i: int, command: NodeCommand) -> None:
+            env = {**self.env, **command.env}
+            env["PATH"] = venv_bin + os.pathsep + env.get("PATH", "")
+            env["VIRTUAL_ENV"] = str(Path(venv_bin).parent)
+            result = proc.run(command.argv, env=env, cwd=command.cwd, timeout_s=max(deadline - time.monotonic(), 1),
+                              on_line=exe.on_line if command.node == 0 else None,
+                              log_path=exe.workdir / f"node{command.node}.log")
+            killed = result.returncode in (-9, 137)
+            exits[i] = NodeExit(command.node, command.argv[0], result.returncode, result.timed_out,
+                                oom_killed=killed and bool(_KILLED_FOR_MEMORY.search(result.tail)),
+                                duration_s=result.duration_s, tail=result.tail)
 
-            def node(i: int, inv: suite.Invocation = inv, results: list[proc.ProcResult | None] = results) -> None:
-                env = {**self.env, **suite.suite_env(
-                    cell, results=workdir / f"results-node{i}.jsonl", artifacts=ctx.artifacts_dir(cell),
-                    shared=shared, profile=ctx.suite.profile, run_id=ctx.run_id, node_rank=i, endpoint=endpoint,
-                    phase=phase, extra=ctx.suite.env)}
-                env["PATH"] = venv_bin + os.pathsep + env.get("PATH", "")
-                env["VIRTUAL_ENV"] = str(Path(venv_bin).parent)
-                argv = suite.pytest_argv(handle.ref, inv, workdir / f"junit-node{i}-{inv.label}.xml")
-                results[i] = proc.run(argv, env=env, cwd=inv.cwd, timeout_s=max(deadline - time.monotonic(), 1),
-                                      on_line=ctx.on_line if i == 0 else None, log_path=workdir / f"node{i}.log")
+        threads = [threading.Thread(target=node, args=(i, c), daemon=True) for i, c in enumerate(commands)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return tuple(e for e in exits if e is not None)
 
-            threads = [threading.Thread(target=node, args=(i,), daemon=True) for i in range(cell.topology.nodes)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
-            procs += [r for r in results if r is not None]
-        return suite.build_result(cell, procs, workdir, time.monotonic() - start, ctx,
-                                  extra_env={"backend": "venv", "env_key": handle.key})
+    def describe(self, handle: EnvHandle) -> dict[str, Any]:
+        return {"backend": "venv", "env_key": handle.key}
 
     def close(self) -> None:
         return None

@@ -2,7 +2,7 @@
 labels, and the local base-image bootstrap (debootstrap + docker import) for registry-less hosts.
 
 Everything here is plain functions over files; the Docker engine is only touched through
-`docker_engine.Engine`.
+`engine.Engine`.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from filelock import FileLock
 from packaging.utils import parse_wheel_filename
 
 from stackgate import proc
+from stackgate.backends.docker.engine import Engine
 from stackgate.bundled import DOCKERFILE_TEMPLATE
-from stackgate.docker_engine import Engine
 from stackgate.errors import InfraError
 from stackgate.model import Stack
 from stackgate.resolve import is_network_failure
@@ -166,15 +166,6 @@ def _wheelhouse_locked(path: Path, requirements: Sequence[str], index_args: Sequ
     shutil.rmtree(path, ignore_errors=True)
     staging.rename(path)
     return Wheelhouse(path, wheels)
-
-
-def suite_digest(suite: Path) -> str:
-    h = hashlib.sha256()
-    for p in sorted(suite.rglob("*")):
-        if p.is_file() and "__pycache__" not in p.parts and not p.name.endswith(".pyc"):
-            h.update(str(p.relative_to(suite)).encode())
-            h.update(p.read_bytes())
-    return h.hexdigest()
 
 
 def labels(stack: Stack, house: Wheelhouse, base: str, base_id: str, key: str) -> dict[str, str]:

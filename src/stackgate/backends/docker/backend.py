@@ -3,23 +3,22 @@ runs one container per node on a private network, each `torchrun`-ing through th
 
 from __future__ import annotations
 
-import hashlib
 import os
-import secrets
 import shutil
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
-from stackgate import images, suite
-from stackgate.backends.base import EnvHandle, PrepareFailed, RunContext
+from stackgate.backends.base import EnvHandle, Execution, PrepareFailed
+from stackgate.backends.docker import images
+from stackgate.backends.docker.engine import BuildError, ContainerExit, ContainerSpec, Engine
 from stackgate.compat import CompatTable
-from stackgate.docker_engine import BuildError, ContainerExit, ContainerSpec, Engine
-from stackgate.model import Cell, CellResult, Stack
+from stackgate.model import Stack
 from stackgate.plan import SUITE_REQUIREMENTS as SUITE_BASE
 from stackgate.plan import requirements
-from stackgate.proc import ProcResult
 from stackgate.sources import PipConfig, installer_args
+from stackgate.suite import Layout, NodeCommand, NodeExit, suite_digest
 from stackgate.suite_deps import SuiteDeps
 
 SUITE_IN_IMAGE = "/opt/stackgate/suite"
@@ -70,7 +69,7 @@ class DockerBackend:
             raise PrepareFailed(str(exc), exc.log_tail) from None
         template = images.TEMPLATE.read_text()
         every = images.Wheelhouse(house.path, house.wheels + (suite_house.wheels if suite_house else ()))
-        key = images.image_key(template, base_id, every, images.suite_digest(self.suite_dir), [*reqs, *extra])
+        key = images.image_key(template, base_id, every, suite_digest(self.suite_dir), [*reqs, *extra])
         tag = f"stackgate/stack:{stack.label}-{key}"
         found = self.engine.image_labels(tag)
         if found is None:
@@ -101,55 +100,44 @@ class DockerBackend:
             sbom["sbom_error"] = str(exc)
         return EnvHandle(stack, tag, key, reused=reused, prepare_s=time.monotonic() - start, sbom=sbom)
 
-    def run(self, cell: Cell, handle: EnvHandle, ctx: RunContext) -> CellResult:
-        phase = ctx.phase
-        workdir, shared = ctx.fresh_cell_dir(cell)
-        artifacts = ctx.artifacts_dir(cell)
-        # one name per attempt: whatever an earlier, killed attempt left behind never blocks this one
-        tag = hashlib.sha1(f"{ctx.run_id}/{ctx.result_id(cell)}/{secrets.token_hex(4)}".encode()).hexdigest()[:10]
-        nodes = cell.topology.nodes
-        # always a private internal network (no route out): torchrun's standalone rendezvous needs a
-        # resolvable hostname, which `--network none` does not give
-        network = f"sg-{tag}"
-        suite_path = SUITE_IN_IMAGE
-        mounts = [(str(workdir), "/sg/out", "rw"), (str(artifacts), "/sg/artifacts", "rw"),
-                  (str(shared), "/sg/shared", "rw")]
-        if ctx.suite.path.resolve() != self.suite_dir.resolve():
-            suite_path = "/sg/suite"
-            mounts.append((str(ctx.suite.path.resolve()), suite_path, "ro"))
-        start = time.monotonic()
-        deadline = start + ctx.suite.timeout_s
-        procs = []
-        for inv in suite.invocations(ctx.suite, phase, path=Path(suite_path), bundled=Path(SUITE_IN_IMAGE),
-                                     select=ctx.select):
-            specs = []
-            for i in range(nodes):
-                env = suite.suite_env(cell, results=Path(f"/sg/out/results-node{i}.jsonl"),
-                                      artifacts=Path("/sg/artifacts"), shared=Path("/sg/shared"),
-                                      profile=ctx.suite.profile, run_id=ctx.run_id, node_rank=i,
-                                      endpoint=f"node0:{RDZV_PORT}" if nodes > 1 else "", phase=phase,
-                                      extra=ctx.suite.env)
-                argv = suite.pytest_argv("python", inv, Path(f"/sg/out/junit-node{i}-{inv.label}.xml"))
-                specs.append(ContainerSpec(
-                    name=f"sg-{tag}-{inv.label}-node{i}", image=handle.ref, command=tuple(argv), env=env,
-                    mounts=tuple(mounts), hostname=f"node{i}", gpu=cell.device == "cuda",
-                    user=f"{os.getuid()}:{os.getgid()}", workdir=str(inv.cwd)))
-            exits = self.engine.run_group(specs, network=f"{network}-{inv.label}",
-                                          timeout_s=max(deadline - time.monotonic(), 1), on_line=ctx.on_line)
-            for i, ex in enumerate(exits):
-                with (workdir / f"node{i}.log").open("a") as log:
-                    log.write(ex.log)
-            procs += [_as_proc(ex) for ex in exits]
-        return suite.build_result(cell, procs, workdir, time.monotonic() - start, ctx,
-                                  extra_env={"backend": "docker", "image": handle.ref, "env_key": handle.key,
-                                             "image_labels": handle.sbom.get("labels", {})})
+    def layout(self, handle: EnvHandle, exe: Execution) -> Layout:
+        """Nodes are containers: the cell's directories are mounted at /sg/..., the bundled suite is
+        in the image, a user's suite is mounted read-only, and node0 hosts the rendezvous."""
+        suite_path = SUITE_IN_IMAGE if exe.suite == self.suite_dir.resolve() else "/sg/suite"
+        return Layout(python="python", out=Path("/sg/out"), artifacts=Path("/sg/artifacts"), shared=Path("/sg/shared"),
+                      suite=Path(suite_path), bundled=Path(SUITE_IN_IMAGE),
+                      endpoint=f"node0:{RDZV_PORT}" if exe.cell.topology.nodes > 1 else "")
+
+    def execute(self, handle: EnvHandle, commands: Sequence[NodeCommand], deadline: float,
+                exe: Execution) -> tuple[NodeExit, ...]:
+        """One container per node on a private internal network (no route out: torchrun's standalone
+        rendezvous needs a resolvable hostname, which `--network none` does not give)."""
+        mounts = [(str(exe.workdir), "/sg/out", "rw"), (str(exe.artifacts), "/sg/artifacts", "rw"),
+                  (str(exe.shared), "/sg/shared", "rw")]
+        if exe.suite != self.suite_dir.resolve():
+            mounts.append((str(exe.suite), "/sg/suite", "ro"))
+        label = commands[0].label if commands else "none"
+        specs = [ContainerSpec(name=f"sg-{exe.tag}-{c.label}-node{c.node}", image=handle.ref, command=c.argv,
+                               env=dict(c.env), mounts=tuple(mounts), hostname=f"node{c.node}",
+                               gpu=exe.cell.device == "cuda", user=f"{os.getuid()}:{os.getgid()}", workdir=str(c.cwd))
+                 for c in commands]
+        ran = self.engine.run_group(specs, network=f"sg-{exe.tag}-{label}",
+                                    timeout_s=max(deadline - time.monotonic(), 1), on_line=exe.on_line)
+        for command, ex in zip(commands, ran, strict=True):
+            with (exe.workdir / f"node{command.node}.log").open("a") as log:
+                log.write(ex.log)
+        return tuple(_node_exit(c.node, ex) for c, ex in zip(commands, ran, strict=True))
+
+    def describe(self, handle: EnvHandle) -> dict[str, Any]:
+        return {"backend": "docker", "image": handle.ref, "env_key": handle.key,
+                "image_labels": handle.sbom.get("labels", {})}
 
     def close(self) -> None:
         return None
 
 
-def _as_proc(ex: ContainerExit) -> ProcResult:
-    """A container's exit, in the shape the suite classifier reads."""
+def _node_exit(node: int, ex: ContainerExit) -> NodeExit:
+    """A container's exit as data: the engine's OOMKilled flag, not a line in a log."""
     tail = "\n".join(ex.log.splitlines()[-200:])
     code = ex.exit_code if ex.exit_code is not None else -9
     if ex.oom_killed:
@@ -158,4 +146,4 @@ def _as_proc(ex: ContainerExit) -> ProcResult:
     elif code == 137:
         code = -9
         tail += f"\n[stackgate] container {ex.name} was killed (exit 137)"
-    return ProcResult((ex.name,), code, ex.timed_out, ex.duration_s, tail)
+    return NodeExit(node, ex.name, code, ex.timed_out, oom_killed=ex.oom_killed, duration_s=ex.duration_s, tail=tail)

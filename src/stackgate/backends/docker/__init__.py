@@ -1,0 +1,76 @@
+"""Everything Docker in one place: the engine (`engine.py`, the only user of the Docker SDK), image
+planning (`images.py`), the backend (`backend.py`), and the `base-image` / `prune` commands here.
+Nothing outside this package imports the SDK or the engine (a unit test checks)."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from stackgate.backends.docker import images
+from stackgate.backends.docker.backend import DockerBackend
+from stackgate.backends.docker.engine import DockerEngine
+from stackgate.bundled import BUNDLED_SUITE
+from stackgate.compat import CompatTable
+from stackgate.errors import ConfigError, InfraError
+from stackgate.sources import PipConfig
+from stackgate.suite_deps import SuiteDeps
+
+
+def create(cache_dir: Path, compat: CompatTable, host_pip: PipConfig, env: Mapping[str, str], *,
+           allow_bootstrap: bool, mirror: str, ca_bundle: str | None, say: Callable[[str], None],
+           deps: SuiteDeps | None, auto: bool) -> DockerBackend | str:
+    """The Docker backend, or the sentence that says why not. With `auto`, Docker is only chosen
+    when the base image exists or can be bootstrapped."""
+    engine = DockerEngine()
+    problem = engine.problem()
+    if problem is None and auto:
+        has_base = engine.image_labels(images.LOCAL_BASE) is not None
+        if not (has_base or (allow_bootstrap and shutil.which("debootstrap"))):
+            problem = f"the Docker engine answers but {images.LOCAL_BASE} is missing and debootstrap is not installed"
+    if problem is not None:
+        return problem
+    return DockerBackend(engine, cache_dir, compat, host_pip, env, suite_dir=BUNDLED_SUITE,
+                         allow_bootstrap=allow_bootstrap, mirror=mirror, ca_bundle=ca_bundle, say=say, deps=deps)
+
+
+def _engine() -> DockerEngine:
+    engine = DockerEngine()
+    problem = engine.problem()
+    if problem:
+        raise InfraError(problem, hint="start dockerd first")
+    return engine
+
+
+def base_image(tag: str, *, mirror: str, force: bool, say: Callable[[str], None] = print) -> int:
+    """`stackgate base-image`: bootstrap the local Debian base (debootstrap + import)."""
+    engine = _engine()
+    if not force and engine.image_labels(tag) is not None:
+        say(f"{tag} already present")
+        return 0
+    with tempfile.TemporaryDirectory(prefix="stackgate-base-") as work:
+        images.bootstrap_base(engine, tag, mirror=mirror, work_dir=Path(work))
+    say(f"imported {tag}")
+    return 0
+
+
+def prune(*, keep: int, dry_run: bool, say: Callable[[str], None] = print) -> int:
+    """`stackgate prune`: all but the newest `keep` images per stack label, and dangling build stages."""
+    if keep < 1:
+        raise ConfigError("--keep must be at least 1")
+    engine = _engine()
+    found = [images.ImageInfo(tag, created) for tag, created in engine.stack_images()]
+    stale = images.stale_images(found, keep)
+    for tag in stale:
+        say(f"{'would remove' if dry_run else 'remove'} {tag}")
+    if dry_run:
+        return 0
+    engine.remove_images(stale)
+    reclaimed = engine.prune_dangling()
+    say(f"removed {len(stale)} image(s); dangling build stages: {reclaimed / 2**30:.1f} GiB reclaimed")
+    return 0
+
+
+__all__ = ["DockerBackend", "base_image", "create", "prune"]

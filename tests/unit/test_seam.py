@@ -1,0 +1,163 @@
+"""Issue 12, part 1: the seam. The suite plans what each node runs; a backend only provides an
+environment and executes commands; the Docker code lives in backends/docker; and the in-memory
+backend drives the whole pipeline (plan, run, collect, decide, report) without a subprocess."""
+
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path
+
+import pytest
+
+from stackgate import bundled, matrix, pipeline, resolve, suite
+from stackgate.backends import memory
+from stackgate.backends.base import Execution, RunContext, run_cell
+from stackgate.backends.memory import MemoryBackend, answer
+from stackgate.model import Cell, GpuClass, Role, RunnerPool, Stack, Status, Topology
+from stackgate.options import resolve as resolve_options
+from stackgate.suite import NodeCommand, NodeExit
+from stackgate.versions import CudaVariant, parse_torch
+
+ROOT = Path(__file__).resolve().parents[2]
+SRC = ROOT / "src" / "stackgate"
+STACK = Stack(parse_torch("2.13.0"), CudaVariant("cpu"), "3.11")
+
+
+def _imports(path: Path) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found.add(node.module)
+            found |= {f"{node.module}.{a.name}" for a in node.names}
+    return found
+
+
+def test_only_backends_docker_touches_the_docker_sdk_or_the_engine() -> None:
+    docker_dir = SRC / "backends" / "docker"
+    offenders = {}
+    for path in SRC.rglob("*.py"):
+        if path.is_relative_to(docker_dir) or path.is_relative_to(SRC / "resources"):
+            continue
+        bad = {m for m in _imports(path) if m == "docker" or m.startswith(
+            ("docker.", "stackgate.backends.docker.engine", "stackgate.backends.docker.images"))}
+        if bad:
+            offenders[str(path.relative_to(SRC))] = sorted(bad)
+    assert offenders == {}
+    assert not (SRC / "docker_engine.py").exists() and not (SRC / "images.py").exists()
+
+
+def test_one_node_plan_for_every_backend() -> None:
+    """`suite.node_commands` is the only place that builds a node's argv and environment; `run_cell`
+    executes it on every backend and `--dry-run` prints it: no backend plans pytest runs of its own."""
+    callers = {str(p.relative_to(SRC)) for p in SRC.rglob("*.py")
+               if not p.is_relative_to(SRC / "resources") and "node_commands(" in p.read_text()}
+    assert callers == {"suite.py", "backends/base.py", "pipeline.py"}
+    for name in ("backends/venv.py", "backends/docker/backend.py", "backends/memory.py", "backends/slurm.py"):
+        text = (SRC / name).read_text()
+        assert "suite_env(" not in text and "pytest_argv(" not in text and "invocations(" not in text, name
+        assert "def execute(" in text and "def layout(" in text and "def run(" not in text, name
+
+
+def _ctx(tmp_path: Path, spec: suite.SuiteSpec, **kw: object) -> RunContext:
+    return RunContext("r1", tmp_path / "run", spec, **kw)  # type: ignore[arg-type]
+
+
+def test_the_plan_of_a_two_node_cell_with_a_user_suite(tmp_path: Path) -> None:
+    pool = RunnerPool("local", None, GpuClass.NONE, nodes=2, is_local=True)
+    cell = Cell(STACK, pool, Topology(2, 3), Role.CANDIDATE)
+    user = tmp_path / "mysuite"
+    layout = suite.Layout(python="/venv/bin/python", out=Path("/out"), artifacts=Path("/a"), shared=Path("/s"),
+                          suite=user, endpoint="node0:29400")
+    groups = suite.node_commands(cell, _ctx(tmp_path, suite.SuiteSpec(path=user)), layout)
+    assert [[c.label for c in g] for g in groups] == [["platform", "platform"], ["suite", "suite"]]
+    node1 = groups[1][1]
+    assert node1.node == 1 and node1.cwd == user and node1.argv[:3] == ("/venv/bin/python", "-m", "pytest")
+    assert node1.argv[-1] == "--junitxml=/out/junit-node1-suite.xml"
+    assert node1.env["STACKGATE_NODE_RANK"] == "1" and node1.env["STACKGATE_RDZV_ENDPOINT"] == "node0:29400"
+    assert node1.env["STACKGATE_RESULTS"] == "/out/results-node1.jsonl"
+    assert node1.env["STACKGATE_NPROC_PER_NODE"] == "3"
+    single = Cell(STACK, pool, Topology(1, 2), Role.CANDIDATE)
+    (group,) = suite.node_commands(single, _ctx(tmp_path, suite.SuiteSpec(), phase="rollback"), layout)
+    assert len(group) == 1 and group[0].env["STACKGATE_RDZV_ENDPOINT"] == ""  # one node: no rendezvous
+    assert "crossversion" in group[0].argv
+
+
+def test_an_oom_kill_travels_as_data(tmp_path: Path) -> None:
+    def script(command: NodeCommand, exe: Execution) -> NodeExit:
+        if command.node == 1:
+            return answer(command, {}, oom_killed=True)
+        return answer(command, {"test_x.py::test_a": "passed"})
+
+    pool = RunnerPool("local", None, GpuClass.NONE, nodes=2, is_local=True)
+    cell = Cell(STACK, pool, Topology(2, 2), Role.CANDIDATE)
+    backend = MemoryBackend(script)
+    result = run_cell(backend, cell, backend.prepare(STACK, tmp_path / "b.log"), _ctx(tmp_path, suite.SuiteSpec()))
+    assert result.status is Status.OOM and "memory-node1" in result.reason and "out of memory" in result.reason
+    assert [c.node for c in backend.executed] == [0, 1]
+
+
+@pytest.fixture
+def no_subprocesses(monkeypatch: pytest.MonkeyPatch) -> MemoryBackend:
+    """The pipeline with the in-memory backend: nothing resolves, builds or starts."""
+    backend = MemoryBackend()
+    monkeypatch.setattr(pipeline, "make_backend", lambda *a, **k: backend)
+    monkeypatch.setattr(resolve, "resolve_all", lambda *a, **k: {})
+    monkeypatch.setattr(matrix, "detect_local", lambda *a, **k: matrix.LocalHost())
+    return backend
+
+
+def _run(tmp_path: Path, *args: str) -> tuple[int, dict[str, object]]:
+    cli = {"suite": str(ROOT / "tests" / "data" / "plain_suite"), "run_id": "mem", "reports": str(tmp_path / "r"),
+           "cache_dir": str(tmp_path / "cache"), "backend": "venv", "platform_checks": False}
+    opts = resolve_options(cli, {}, cwd=tmp_path)
+    said: list[str] = []
+    code = pipeline.run(opts, {}, said.append)
+    return code, json.loads((tmp_path / "r" / "mem" / "report.json").read_text())
+
+
+def test_the_whole_pipeline_runs_on_the_memory_backend(no_subprocesses: MemoryBackend, tmp_path: Path) -> None:
+    code, report = _run(tmp_path)
+    assert code == 0 and report["decision"] == "GO"
+    assert {c["environment"]["backend"] for c in report["cells"]} == {"memory"}
+    assert {s.label for s in no_subprocesses.prepared} == {"cpu-torch2.13.0-py3.11", "cu130-torch2.14.1-py3.11"}
+    phases = [(c.env["STACKGATE_ROLE"], c.env["STACKGATE_PHASE"]) for c in no_subprocesses.executed]
+    assert phases == [("production", "main"), ("candidate", "main"), ("production", "rollback")]
+    assert all(c["tests"][0]["outcome"] == "passed" for c in report["cells"])
+
+
+def test_an_oom_in_the_candidate_is_no_go_on_the_memory_backend(no_subprocesses: MemoryBackend,
+                                                                  tmp_path: Path) -> None:
+    def script(command: NodeCommand, exe: Execution) -> NodeExit:
+        if exe.cell.role is Role.CANDIDATE and command.label == "suite":
+            return answer(command, {}, oom_killed=True)
+        return memory.all_pass(command, exe)
+
+    no_subprocesses.script = script
+    code, report = _run(tmp_path)
+    assert code == 1 and report["decision"] == "NO-GO"
+    (cand,) = [c for c in report["cells"] if c["role"] == "candidate"]
+    assert cand["status"] == "oom"
+    assert bundled.BUNDLED_SUITE.exists()
+
+
+def test_a_suite_is_configured_by_its_own_directory_on_every_backend(tmp_path: Path) -> None:
+    """A parent directory's pytest configuration (here: filterwarnings = error) reaches a suite on
+    the host but not in a container, where the suite is mounted alone: so it reaches it nowhere."""
+    (tmp_path / "pyproject.toml").write_text('[tool.pytest.ini_options]\nfilterwarnings = ["error"]\n')
+    user = tmp_path / "tests" / "integration"
+    user.mkdir(parents=True)
+    (user / "test_x.py").write_text("def test_x(): pass\n")
+    host = suite.invocations(suite.SuiteSpec(path=user), "main")[-1]
+    container = suite.invocations(suite.SuiteSpec(path=user), "main", path=Path("/sg/suite"))[-1]
+    assert host.args[host.args.index("-c"):][:4] == ("-c", "/dev/null", "--confcutdir", str(user))
+    assert container.args[container.args.index("-c"):][:4] == ("-c", "/dev/null", "--confcutdir", "/sg/suite")
+    (user / "pytest.ini").write_text("[pytest]\nmarkers = slow\n")  # its own configuration: used as it is
+    assert "-c" not in suite.invocations(suite.SuiteSpec(path=user), "main")[-1].args
+    (user / "pytest.ini").unlink()
+    (user / "setup.cfg").write_text("[metadata]\nname = x\n")  # not a pytest section: does not count
+    assert "-c" in suite.invocations(suite.SuiteSpec(path=user), "main")[-1].args
+    bundled_run = suite.invocations(suite.SuiteSpec(), "main")[-1]
+    assert "-c" not in bundled_run.args  # the bundled suite has its pytest.ini

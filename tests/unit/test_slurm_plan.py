@@ -1,0 +1,137 @@
+"""The Slurm launcher without a cluster: pools in fleet.toml, the job script, the parsers on
+captured `scontrol` output, and each job state's mapping to a cell status (issue 12)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from stackgate import matrix, suite
+from stackgate.backends import slurm
+from stackgate.backends.base import RunContext, run_cell
+from stackgate.backends.memory import MemoryBackend
+from stackgate.errors import ConfigError, InfraError, StackgateError
+from stackgate.model import Cell, GpuClass, Role, RunnerPool, SlurmSpec, Stack, Status, Topology
+from stackgate.versions import CudaVariant, parse_driver, parse_torch
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "slurm"
+STACK = Stack(parse_torch("2.14.1"), CudaVariant("cu130"), "3.11")
+
+
+def test_a_pool_says_slurm_in_fleet_toml(tmp_path: Path) -> None:
+    fleet = tmp_path / "fleet.toml"
+    fleet.write_text('[pool.p5]\nlauncher = "slurm"\npartition = "gpu"\naccount = "ml"\ndriver = "580.65.06"\n'
+                     'gpu_class = "datacenter"\ngpus_per_node = 8\nnodes = 2\n[pool.cpu]\nnodes = 1\n')
+    pools = matrix.load_pools(fleet, matrix.LocalHost())
+    assert pools["p5"].slurm == SlurmSpec(partition="gpu", account="ml") and pools["cpu"].slurm is None
+    fleet.write_text('[pool.cpu]\nnodes = 1\npartition = "gpu"\n')
+    with pytest.raises(StackgateError, match='partition only apply with launcher = "slurm"') as caught:
+        matrix.load_pools(fleet, matrix.LocalHost())
+    assert f"{fleet}:3" in str(caught.value)
+    fleet.write_text('[pool.cpu]\nlauncher = "pbs"\n')
+    with pytest.raises(StackgateError, match="launcher = 'pbs'"):
+        matrix.load_pools(fleet, matrix.LocalHost())
+
+
+def _gpu_cell(nodes: int = 2) -> Cell:
+    pool = RunnerPool("p5", parse_driver("580.65.06"), GpuClass.DATACENTER, gpu="H100", gpus_per_node=8,
+                      nodes=2, slurm=SlurmSpec(partition="gpu", account="ml", constraint="efa"))
+    return Cell(STACK, pool, Topology(nodes, 8), Role.CANDIDATE)
+
+
+def test_the_job_script_asks_for_the_pools_nodes_gpus_and_time(tmp_path: Path) -> None:
+    script = slurm.job_script(_gpu_cell(), SlurmSpec("gpu", "ml", "efa"), name="sg-x-suite", label="suite",
+                              scripts=tmp_path / "slurm", workdir=tmp_path, seconds=1801, port=29401)
+    for line in ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=1", "#SBATCH --time=31", "#SBATCH --partition=gpu",
+                 "#SBATCH --account=ml", "#SBATCH --constraint=efa", "#SBATCH --gpus-per-node=8"):
+        assert line in script.splitlines()
+    assert 'export STACKGATE_SLURM_ENDPOINT="${addr:-$head}:29401"' in script
+    assert slurm.time_limit(1) == 1 and slurm.time_limit(60) == 1 and slurm.time_limit(61) == 2
+
+
+def test_each_node_runs_its_planned_command_with_the_jobs_rendezvous(tmp_path: Path) -> None:
+    command = suite.NodeCommand(1, "suite", ("/venv/bin/python", "-m", "pytest", "it's quoted"),
+                                {"STACKGATE_NODE_RANK": "1", "STACKGATE_RDZV_ENDPOINT": "$STACKGATE_SLURM_ENDPOINT"},
+                                tmp_path)
+    text = slurm.node_script(command, multi_node=True)
+    assert "export STACKGATE_NODE_RANK=1" in text
+    assert text.splitlines()[-2] == 'export STACKGATE_RDZV_ENDPOINT="$STACKGATE_SLURM_ENDPOINT"'
+    assert text.splitlines()[-1] == "exec /venv/bin/python -m pytest 'it'\"'\"'s quoted'"
+
+
+def test_parsers_on_captured_scontrol_output() -> None:
+    assert slurm.parse_scontrol((DATA / "scontrol-timeout.txt").read_text()) == slurm.JobState(
+        "TIMEOUT", 0, 15, "TimeLimit")
+    assert slurm.parse_scontrol((DATA / "scontrol-completed.txt").read_text()) == slurm.JobState("COMPLETED", 0, 0,
+                                                                                                  "None")
+    assert slurm.parse_scontrol("slurm_load_jobs error: Invalid job id specified") is None
+    assert slurm.parse_sacct("OUT_OF_MEMORY|0:125\n") == slurm.JobState("OUT_OF_MEMORY", 0, 125)
+    assert slurm.parse_sacct("CANCELLED by 0|0:15\n") == slurm.JobState("CANCELLED", 0, 15)
+
+
+class FakeCluster(slurm.SlurmBackend):
+    """The launcher with sbatch and scontrol answered here: each node writes its exit code unless
+    the job state says it was killed."""
+
+    def __init__(self, state: str, codes: tuple[int, ...] = (0, 0)) -> None:
+        super().__init__(MemoryBackend(), forced=None, env={}, say=lambda _: None)
+        self.final, self.codes, self.cancelled = state, codes, False
+
+    def _submit(self, batch: Path) -> str:
+        scripts = batch.parent
+        if self.final in ("COMPLETED", "FAILED"):
+            for i, code in enumerate(self.codes):
+                (scripts / f"node{i}-{batch.stem.split('-', 1)[1]}.exit").write_text(f"{code}\n")
+        return "42"
+
+    def _state(self, job: str) -> slurm.JobState:
+        return slurm.JobState(self.final, 0, 0, "Reason")
+
+    def _cancel(self, job: str) -> None:
+        self.cancelled = True
+
+
+def _run(backend: FakeCluster, tmp_path: Path) -> Status:
+    cell = _gpu_cell()
+    spec = suite.SuiteSpec(path=tmp_path / "mysuite", platform_checks=False, timeout_s=60)
+    (tmp_path / "mysuite").mkdir(exist_ok=True)
+    result = run_cell(backend, cell, backend.prepare(STACK, tmp_path / "b.log"), RunContext("r", tmp_path / "run", spec))
+    return result.status
+
+
+@pytest.mark.parametrize(("state", "codes", "status"), [
+    ("TIMEOUT", (), Status.TIMEOUT),
+    ("OUT_OF_MEMORY", (), Status.OOM),
+    ("FAILED", (0, 1), Status.FAILED),  # node 1 exited 1: its own exit code, as pytest gave it
+    ("COMPLETED", (0, 0), Status.ERROR),  # exit codes alone never make a pass: "reported no tests"
+])
+def test_job_states_map_to_cell_statuses(tmp_path: Path, state: str, codes: tuple[int, ...], status: Status) -> None:
+    assert _run(FakeCluster(state, codes), tmp_path) is status
+
+
+@pytest.mark.parametrize("state", ["NODE_FAIL", "BOOT_FAIL", "PREEMPTED", "CANCELLED"])
+def test_the_cluster_failing_is_an_infra_error_not_a_verdict(tmp_path: Path, state: str) -> None:
+    with pytest.raises(InfraError, match=f"job 42 (ended {state}|was cancelled outside stackgate)"):
+        _run(FakeCluster(state), tmp_path)
+
+
+def test_an_interrupt_cancels_the_job(tmp_path: Path) -> None:
+    backend = FakeCluster("RUNNING")
+
+    def interrupted(job: str) -> slurm.JobState:
+        raise KeyboardInterrupt
+
+    backend._state = interrupted  # type: ignore[method-assign]
+    with pytest.raises(KeyboardInterrupt):
+        _run(backend, tmp_path)
+    assert backend.cancelled
+
+
+def test_images_on_slurm_nodes_are_refused_clearly() -> None:
+    class Docker(MemoryBackend):
+        pass
+
+    docker = Docker(name="docker")
+    with pytest.raises(ConfigError, match="images on Slurm nodes"):
+        slurm.SlurmBackend(docker, forced=None, env={})
