@@ -36,6 +36,11 @@ def build_parser() -> argparse.ArgumentParser:
     cal.add_argument("--target", type=float, default=0.05, help="the change to detect (default 0.05 = 5%%)")
     options.add_arguments(cal, "run")
 
+    bis = sub.add_parser("bisect", help="the first bad nightly between a good and a bad one (binary search by date)")
+    bis.add_argument("--good", metavar="VERSION", help="a nightly that passes, e.g. 2.15.0.dev20261120")
+    bis.add_argument("--bad", metavar="VERSION", help="a later nightly that fails")
+    options.add_arguments(bis, "run")  # --matrix, --only, --test, --find-links, ...; --resume BISECT_ID continues
+
     ci = sub.add_parser("ci", help="CI workflows").add_subparsers(dest="ci_command", required=True)
     gh = ci.add_parser("github", help="write .github/workflows/{nightly,upgrade-gate}.yml from matrix/fleet.toml")
     gh.add_argument("--config-dir", help="default: matrix (in this directory), else the bundled data")
@@ -66,6 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
     hist.add_argument("--limit", type=int, default=20)
     hist.add_argument("--matrix")
     hist.add_argument("--json", action="store_true")
+    hist.add_argument("--last-green", action="store_true",
+                      help="print the last green nightly (and the first red one after it); exit 1 when there is none")
 
     base = sub.add_parser("base-image", help="bootstrap the local Debian base image (debootstrap + docker import)")
     base.add_argument("--tag", default="stackgate/base:bookworm")
@@ -123,6 +130,11 @@ def _dispatch(args: argparse.Namespace) -> int:
             cli.update(reports=str(out.parent), run_id=out.name)
         opts = options.resolve(cli, os.environ, Path("stackgate.toml"))
         return pipeline.merge(opts, dict(os.environ), [Path(b).absolute() for b in args.bundles])
+    if args.command == "bisect":
+        from stackgate import bisect
+        cli = {k: v for k, v in vars(args).items() if k not in ("command", "good", "bad", "resume")}
+        opts = options.resolve({**cli, "matrix": cli.get("matrix") or "nightly"}, os.environ, Path("stackgate.toml"))
+        return bisect.run(opts, dict(os.environ), good=args.good, bad=args.bad, resume=args.resume)
     if args.command == "calibrate":
         from stackgate import pipeline
         if args.runs < 4 or args.runs % 2:
@@ -213,6 +225,8 @@ def render_matrix_text(exp: object) -> str:
 
 def _history(args: argparse.Namespace) -> int:
     from stackgate import history
+    if args.last_green:
+        return _last_green(Path(args.history).absolute(), args.matrix, args.json)
     rows = history.runs(Path(args.history).absolute(), args.limit, args.matrix)
     if args.json:
         print(json.dumps([r.__dict__ for r in rows], indent=2))
@@ -223,6 +237,25 @@ def _history(args: argparse.Namespace) -> int:
     print(f"{'run':45} {'matrix':15} {'channel':8} {'decision':13} candidate")
     for r in rows:
         print(f"{r.run_id:45} {r.matrix:15} {r.channel:8} {r.decision:13} {r.candidate}")
+    return 0
+
+
+def _last_green(path: Path, matrix: str | None, as_json: bool) -> int:
+    """`stackgate history --last-green`: the version on the first line, so a pipeline can pin it."""
+    from stackgate import history
+    green = history.last_green(path, matrix)
+    red = history.first_red_after(path, green.version if green else None, matrix)
+    if as_json:
+        print(json.dumps({"last_green": green.__dict__ if green else None,
+                          "first_red_after": red.__dict__ if red else None}, indent=2))
+        return 0 if green else 1
+    if green is None:
+        print(f"no green nightly recorded in {path}" + (f" for matrix {matrix}" if matrix else ""))
+        return 1
+    print(green.version)
+    print(f"  last green: {green.version} (run {green.run_id}, {green.decision}, {green.finished})")
+    if red is not None:
+        print(f"  first red after it: {red.version} (run {red.run_id}, {red.decision}, {red.finished})")
     return 0
 
 

@@ -177,7 +177,8 @@ def _cell_reasons(cell: Cell, result: CellResult, is_required: bool, policy: Pol
     bad = Severity.INCONCLUSIVE if is_prod else (Severity.BLOCKING if is_required else Severity.INFO)
     prefix = "production baseline: " if is_prod else ""
     if result.status.is_machinery:  # the machinery or the host failed, not the stack: no verdict on it
-        what = "infrastructure error" if result.status is Status.INFRA_ERROR else f"{result.status.value} (host probe)"
+        what = {Status.INFRA_ERROR: "infrastructure error", Status.NO_BUILD: "no build (nightly guard)"}.get(
+            result.status, f"{result.status.value} (host probe)")
         out.append(Reason(Severity.INCONCLUSIVE, f"{prefix}{what}: {result.reason}", cell=cell.id,
                           kind=f"cell-{result.status.value}"))
         return out

@@ -22,6 +22,10 @@ CREATE TABLE IF NOT EXISTS calibration (
   pool TEXT, metric TEXT, sigma REAL, pairs INTEGER, run_id TEXT, recorded TEXT,
   PRIMARY KEY (pool, metric, run_id)
 );
+CREATE TABLE IF NOT EXISTS cells (
+  run_id TEXT, cell_id TEXT, role TEXT, torch TEXT, status TEXT,
+  PRIMARY KEY (run_id, cell_id)
+);
 CREATE TABLE IF NOT EXISTS metrics (
   run_id TEXT, cell_id TEXT, role TEXT, metric TEXT, unit TEXT, median REAL, n INTEGER,
   PRIMARY KEY (run_id, cell_id, metric)
@@ -62,6 +66,10 @@ def record(path: Path, *, run_id: str, matrix: str, channel: str, started: str, 
                      (run_id, matrix, channel, started, finished, decision, verdict, candidate, json.dumps(summary)))
         conn.execute("DELETE FROM metrics WHERE run_id = ?", (run_id,))
         conn.executemany("INSERT OR REPLACE INTO metrics VALUES (?,?,?,?,?,?,?)", _metric_rows(run_id, results))
+        conn.execute("DELETE FROM cells WHERE run_id = ?", (run_id,))
+        conn.executemany("INSERT OR REPLACE INTO cells VALUES (?,?,?,?,?)",
+                         [(run_id, r.cell_id, r.role.value, str(r.cell.get("stack", {}).get("torch", "")),
+                           r.status.value) for r in results if r.phase == "main"])
 
 
 def _metric_rows(run_id: str, results: Sequence[CellResult]) -> list[tuple[str, str, str, str, str, float, int]]:
@@ -87,6 +95,56 @@ def runs(path: Path, limit: int = 20, matrix: str | None = None) -> list[RunRow]
             args = (matrix,)
         query += " ORDER BY started DESC, run_id DESC LIMIT ?"
         return [RunRow(*row) for row in conn.execute(query, (*args, limit))]
+
+
+@dataclass(frozen=True)
+class Nightly:
+    version: str  # the candidate torch, e.g. 2.15.0.dev20261124
+    run_id: str
+    decision: str
+    finished: str
+    cells: tuple[tuple[str, str], ...] = ()  # (cell id, status) of the run's candidate cells
+
+
+def nightlies(path: Path, matrix: str | None = None) -> list[Nightly]:
+    """The latest verdict of each nightly build the history has, oldest build first."""
+    if not path.exists():
+        return []
+    with connect(path) as conn:
+        query = "SELECT candidate, run_id, decision, finished FROM runs WHERE channel = 'nightly'"
+        args: tuple[object, ...] = ()
+        if matrix:
+            query += " AND matrix = ?"
+            args = (matrix,)
+        latest: dict[str, tuple[str, str, str]] = {}
+        for version, run_id, decision, finished in conn.execute(query + " ORDER BY finished, run_id", args):
+            if "dev" in version and "," not in version:
+                latest[version] = (run_id, decision, finished)
+        out = []
+        for version, (run_id, decision, finished) in latest.items():
+            cells = tuple(conn.execute("SELECT cell_id, status FROM cells WHERE run_id = ? AND role = 'candidate' "
+                                       "ORDER BY cell_id", (run_id,)))
+            out.append(Nightly(version, run_id, decision, finished, cells))
+    return sorted(out, key=lambda n: dev_key(n.version))
+
+
+def dev_key(version: str) -> tuple[str, str]:
+    date = version.split("dev", 1)[1][:8] if "dev" in version else ""
+    return (date, version)
+
+
+def last_green(path: Path, matrix: str | None = None) -> Nightly | None:
+    """The newest nightly whose latest run was GO."""
+    green = [n for n in nightlies(path, matrix) if n.decision == "GO"]
+    return green[-1] if green else None
+
+
+def first_red_after(path: Path, version: str | None, matrix: str | None = None) -> Nightly | None:
+    """The oldest nightly after `version` (or of all, when None) whose latest run was NO-GO."""
+    for n in nightlies(path, matrix):
+        if (version is None or dev_key(n.version) > dev_key(version)) and n.decision == "NO-GO":
+            return n
+    return None
 
 
 def trends(path: Path, *, channel: str, matrix: str, limit: int = 10,

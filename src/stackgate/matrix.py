@@ -131,6 +131,7 @@ class MatrixSpec:
     excludes: tuple[Rule, ...]
     source: WheelSource
     doc: tomlfile.Doc = field(repr=False, compare=False)
+    fallback: str = ""  # nightly: "last-green" = run the last green nightly when the newest fails a guard
 
 
 @dataclass(frozen=True)
@@ -231,7 +232,12 @@ def load_matrix(path: Path) -> MatrixSpec:
     tomlfile.check_keys(doc, doc.data, ["matrix", "include", "exclude", "source"])
     m = tomlfile.get(doc, doc.data, "matrix", dict)
     tomlfile.check_keys(doc, m, ["name", "channel", "pools", "torch", "cuda", "python", "topology", "required",
-                                 "cpu"], "matrix")
+                                 "cpu", "fallback"], "matrix")
+    fallback = tomlfile.get(doc, m, "fallback", str, "matrix", default="")
+    if fallback not in ("", "last-green"):
+        raise doc.error(f"fallback = {fallback!r}", "matrix", "fallback",
+                        hint='use "last-green" (the nightly channel runs the last green nightly when the newest '
+                             "fails a guard), or leave it out")
     gpu = AxisSet(
         cuda=tuple(_parse(doc, CudaVariant.parse, v, "matrix", "cuda") for v in tomlfile.str_list(doc, m, "cuda", "matrix")),
         topology=tuple(_topology_word(doc, t, "matrix") for t in tomlfile.str_list(doc, m, "topology", "matrix", default=["node"])),
@@ -277,6 +283,7 @@ def load_matrix(path: Path) -> MatrixSpec:
         excludes=tuple(rules["exclude"]),
         source=load_source(doc, tomlfile.get(doc, doc.data, "source", dict, default={})),
         doc=doc,
+        fallback=fallback,
     )
 
 

@@ -239,11 +239,13 @@ class Status(str, enum.Enum):
     INFRA_ERROR = "infra-error"
     HOST_MISMATCH = "host-mismatch"  # the runner does not match its pool's declaration (host probe)
     HOST_UNHEALTHY = "host-unhealthy"  # ECC, pending remap/retirement, Xid, a GPU in an error state
+    NO_BUILD = "no-build"  # the nightly channel has no (fresh, matching) build for this cell: a guard said so
 
     @property
     def is_machinery(self) -> bool:
-        """The machine or the tooling failed, not the stack: never a verdict on it; retried on resume."""
-        return self in (Status.INFRA_ERROR, Status.HOST_MISMATCH, Status.HOST_UNHEALTHY)
+        """The machine, the tooling or the channel failed, not the stack: never a verdict on it;
+        retried on resume."""
+        return self in (Status.INFRA_ERROR, Status.HOST_MISMATCH, Status.HOST_UNHEALTHY, Status.NO_BUILD)
     SKIPPED = "skipped"
     NOT_RUN_HERE = "not-run-here"
 

@@ -55,6 +55,13 @@ def _positive(v: Any) -> float:
     return x
 
 
+def _days(v: Any) -> int:
+    n = int(v)
+    if n < 0:
+        raise ValueError("must be 0 or more days")
+    return n
+
+
 def _count(v: Any) -> int:
     n = int(v)
     if not 1 <= n <= 100:
@@ -131,6 +138,9 @@ class Settings:
     suite_install: tuple[Path, ...] = opt((), _paths, "a local project (e.g. the monorepo root) to build and install "
                                                       "into every stack, non-editable (repeatable; PATH[EXTRAS])",
                                           repeat=True, commands=RUN_MERGE, metavar="PATH")
+    tests: tuple[str, ...] = opt((), _list, "run only this test of the suite, a node id relative to it "
+                                            "(repeatable; the platform checks are left out)", repeat=True,
+                                 commands=RUN_MERGE, flag="--test", metavar="NODEID")
     pytest_args: tuple[str, ...] = opt((), _list, "extra pytest argument (repeatable)", repeat=True,
                                        commands=RUN_MERGE, flag="--pytest-arg", metavar="ARG")
     index_url: str | None = opt(None, str, "index for the candidate's wheels", commands=RUN_MERGE)
@@ -139,6 +149,10 @@ class Settings:
                                       commands=RUN_MERGE)
     nightly_version: str | None = opt(None, str, "pin the nightly build, e.g. 2.15.0.dev20261128",
                                       commands=RUN_MERGE)
+    nightly_max_age: int = opt(3, _days, "the oldest nightly to test, in days (PyTorch's own validation: 3)",
+                               metavar="DAYS")
+    nightly_index: str | None = opt(None, str, "a nightly index with one directory per variant, like PyTorch's "
+                                               "(URL/<variant>/torch/...)", commands=RUN_MERGE, metavar="URL")
     history: Path = opt(None, _path, "history database (default <reports>/history.sqlite)", commands=RUN_MERGE)
     rollback: bool = opt(True, _bool, "skip the rollback phase (production reading the candidate's artifacts)",
                          negate="--no-rollback")

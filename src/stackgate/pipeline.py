@@ -83,6 +83,10 @@ def load(opts: Options, env: Mapping[str, str], local: matrix.LocalHost) -> Load
         source = replace(source, index_url=opts.index_url or source.index_url,
                          find_links=tuple(opts.find_links) + source.find_links,
                          extra_index_urls=tuple(opts.extra_index_url) + source.extra_index_urls)
+    if opts.nightly_index:  # PyTorch's layout: one index per variant, URL/<variant>/torch/
+        base = opts.nightly_index.rstrip("/")
+        source = replace(source, extra_index_urls=source.extra_index_urls + tuple(
+            f"{base}/{v}" for v in matrix.wheel_target(spec).variants), pre=True)
     host_pip = sources.read_pip_config(env)
     wanted = (opts.candidate,) if opts.candidate else spec.torch
     versions = []
@@ -203,10 +207,20 @@ def run(opts: Options, env: Mapping[str, str], say: Printer | None = None) -> in
                           hint=(f"not run here: {away}" if away else "check --only and the matrix axes")
                           + f"; pruned: {len(chosen.pruned)}")
 
+    blocked = nightly_guards(opts, loaded, chosen.cells)
+    if blocked and loaded.spec.fallback == "last-green" and not opts.nightly_version:
+        green = history.last_green(opts.history, loaded.spec.name)
+        if green is not None:
+            say(f"the newest nightly fails a guard ({next(iter(blocked.values()))}); the matrix falls back to "
+                f"the last green nightly, {green.version} (run {green.run_id}; its age is not held against it)")
+            return run(replace(opts, nightly_version=green.version, nightly_max_age=36500), env, say)
+        say("the newest nightly fails a guard and the history has no green nightly to fall back to")
+    for cell_id, why in blocked.items():
+        say(f"  no build: {cell_id}: {why}")
     # before anything is resolved or built for a host that cannot run it
     probes = probe_pools(chosen.cells, say, remote=slurm_pools(opts, loaded))
     unfit = {p.pool: p for p in probes if not p.ok}
-    runnable = tuple(c for c in chosen.cells if c.pool.name not in unfit)
+    runnable = tuple(c for c in chosen.cells if c.pool.name not in unfit and c.id not in blocked)
     deps = build_suite_deps(opts, loaded, env, say)
     say(f"resolving the requirements of {len(plan_envs(runnable))} stack(s)")
     resolutions = resolve.resolve_all([p.stack for p in plan_envs(runnable)], loaded.table, loaded.host_pip, env,
@@ -246,12 +260,15 @@ def run(opts: Options, env: Mapping[str, str], say: Printer | None = None) -> in
         if found is not None and (cell.id not in done or done[cell.id].status.is_machinery):
             results.append(run_dir, CellResult(cell.id, cell.role, Status(found.status), reason="; ".join(
                 found.evidence), cell=cell.to_json(), environment={"host_probe": found.to_json()}))
+        elif cell.id in blocked and (cell.id not in done or done[cell.id].status.is_machinery):
+            results.append(run_dir, CellResult(cell.id, cell.role, Status.NO_BUILD, reason=blocked[cell.id],
+                                               cell=cell.to_json()))
     done = results.read(run_dir)
     suite = suite_spec(opts, platform_checks=opts.platform_checks)
     say(f"suite {suite.path}; policy: {loaded.policy.origin}")
     progress = Progress(say)
     ctx = RunContext(run_id=run_id, run_dir=run_dir, suite=suite, on_line=progress.line,
-                     suite_deps={} if deps.empty else deps.describe())
+                     suite_deps={} if deps.empty else deps.describe(), select=tuple(opts.tests))
     interrupted: KeyboardInterrupt | None = None
     try:
         _run_cells(backend, runnable, ctx, done, opts, progress, console, resolutions, loaded.policy)
@@ -374,6 +391,23 @@ def calibrate(opts: Options, env: Mapping[str, str], *, runs: int, target: float
     return 0
 
 
+def nightly_guards(opts: Options, loaded: Loaded, cells: Sequence[Cell]) -> dict[str, str]:
+    """Cell id -> why it cannot run this nightly (see `nightly.guard`), before anything is resolved."""
+    from stackgate import nightly
+    candidates = [c for c in cells if c.role is Role.CANDIDATE and nightly.build_date(c.stack.torch)]
+    if not candidates:
+        return {}
+    source = candidates[0].stack.source
+    installs = [*loaded.deps.fingerprint(), *(r for c in candidates for r in c.stack.extra_requirements)]
+    companions = {name: nightly.wheels(source, loaded.host_pip, name) for name in nightly.companions_wanted(installs)}
+    defaults = {}
+    for cell in candidates:
+        release = loaded.table.release(cell.stack.torch)
+        defaults[cell.id] = release.pypi_default.tag if release and release.pypi_default else None
+    return nightly.guard(candidates, nightly.wheels(source, loaded.host_pip), today=dt.datetime.now(dt.timezone.utc).date(),
+                         max_age_days=opts.nightly_max_age, pypi_default=defaults, companions=companions)
+
+
 def probe_pools(cells: Sequence[Cell], say: Printer, remote: Collection[str] = ()) -> list[probe.ProbeResult]:
     """Probe this machine once for every GPU pool it runs cells of (see `probe`); not the pools
     whose cells run as Slurm jobs on other machines."""
@@ -397,7 +431,8 @@ def definition(opts: Options, loaded: Loaded) -> dict[str, str]:
     """What this run is (see `bundle.definition`): equal on every runner of one fleet run."""
     return bundle.definition(matrix=opts.matrix, config_dir=opts.config_dir, candidate=loaded.torch,
                              policy=loaded.policy, suite=opts.suite or BUNDLED_SUITE, profile=opts.profile,
-                             pytest_args=opts.pytest_args, platform_checks=opts.platform_checks,
+                             pytest_args=(*opts.pytest_args, *(f"--test={t}" for t in opts.tests)),
+                             platform_checks=opts.platform_checks,
                              suite_requirements=loaded.deps.fingerprint())
 
 
@@ -476,7 +511,8 @@ def _decide_and_report(opts: Options, env: Mapping[str, str], loaded: Loaded, ch
     try:  # the reports go to disk first: a broken history database never costs the report
         report = replace(report, trends=history.trends(opts.history, channel=loaded.spec.channel,
                                                         matrix=loaded.spec.name,
-                                                        current=(run_id, list(all_results.values()))))
+                                                        current=(run_id, list(all_results.values()))),
+                         nightly=_nightly_marks(opts, loaded, run_id, outcome.verdict.decision.value))
     except (sqlite3.Error, OSError) as exc:
         history_error = f"cannot read the history database {opts.history}: {exc}"
     write_reports(report, run_dir, code, env.get("GITHUB_STEP_SUMMARY"))
@@ -511,6 +547,26 @@ def _power(opts: Options, loaded: Loaded, outcome: gate.GateOutcome, cells: Sequ
         out[f"{comparison.cell} {comparison.metric}"] = {
             "sigma": round(sigma, 6), "repeats": loaded.policy.repeats, "tolerance": tol,
             "detects": round(cal.detectable(sigma, loaded.policy.repeats, tol, loaded.policy.confidence), 4)}
+    return out
+
+
+def _nightly_marks(opts: Options, loaded: Loaded, run_id: str, decision: str) -> dict[str, str]:
+    """For the nightly channel: the last green nightly and the first red one after it, counting
+    this run (recorded after the reports are written)."""
+    if loaded.spec.channel != "nightly":
+        return {}
+    marks = history.nightlies(opts.history, loaded.spec.name)
+    this = ", ".join(str(v) for v in loaded.torch)
+    marks = [m for m in marks if m.version != this] + [history.Nightly(this, run_id, decision, now())]
+    marks.sort(key=lambda m: history.dev_key(m.version))
+    green = [m for m in marks if m.decision == "GO"]
+    out = {}
+    if green:
+        out["last_green"] = f"{green[-1].version} (run {green[-1].run_id})"
+    red = [m for m in marks if m.decision == "NO-GO" and (not green or history.dev_key(m.version)
+                                                           > history.dev_key(green[-1].version))]
+    if red:
+        out["first_red_after"] = f"{red[0].version} (run {red[0].run_id})"
     return out
 
 

@@ -105,23 +105,30 @@ class Target:
                    and tag.platform.startswith(("manylinux", "linux")) for tag in tags)
 
 
-def _local_wheel_names(source: WheelSource, host: PipConfig) -> list[str]:
-    """torch wheel file names offered by the source's find-links directories and file:// indexes."""
-    names: list[str] = []
+def local_wheels(source: WheelSource, host: PipConfig, project: str = "torch") -> list[tuple[str, str]]:
+    """(file name, location) of `project`'s wheels in the source's find-links directories and
+    file:// indexes (PEP 503: `<index>/<project>/index.html`). A location is a path or a URL."""
+    found: list[tuple[str, str]] = []
     dirs = list(source.find_links) + (list(host.find_links) if source.inherit_pip_config else [])
     for d in dirs:
         path = Path(d[7:] if d.startswith("file://") else d)
         if path.is_dir():
-            names += [p.name for p in path.glob("torch-*.whl")]
+            found += [(p.name, str(p)) for p in path.glob(f"{project}-*.whl")]
     indexes = [source.index_url, *source.extra_index_urls]
     if source.inherit_pip_config:
         indexes += [host.index_url, *host.extra_index_urls]
     for url in indexes:
         if url and url.startswith("file://"):
-            page = Path(urllib.parse.urlparse(url).path) / "torch" / "index.html"
+            page = Path(urllib.parse.urlparse(url).path) / project / "index.html"
             if page.is_file():
-                names += re.findall(r">(torch-[^<]+\.whl)<", page.read_text(errors="replace"))
-    return names
+                for href, name in re.findall(r'href="([^"]+)"[^>]*>\s*(' + re.escape(project) + r'-[^<]+\.whl)\s*<',
+                                             page.read_text(errors="replace")):
+                    found.append((name, urllib.parse.urljoin(page.as_uri(), href.split("#")[0])))
+    return found
+
+
+def _local_wheel_names(source: WheelSource, host: PipConfig) -> list[str]:
+    return [name for name, _ in local_wheels(source, host)]
 
 
 def local_torch_versions(source: WheelSource, host: PipConfig, target: Target | None = None) -> list[Version]:
@@ -157,4 +164,4 @@ def resolve_nightly(source: WheelSource, host: PipConfig, explicit: str | None =
             hint="pass --find-links DIR (a wheelhouse with torch-X.Y.Z.devYYYYMMDD wheels) or "
                  "--nightly-version 2.15.0.devYYYYMMDD with --index-url URL",
         )
-    return max(devs)
+    return Version(max(devs).public)  # each cell asks for its own variant of that date

@@ -112,14 +112,14 @@ def invocations(spec: SuiteSpec, phase: str, *, path: Path | None = None,
     path = path or spec.path
     common = ("-v", "-p", "no:cacheprovider", "-o", "junit_family=xunit1")
     own = isolation(spec.path, path)
+    only = ("-m", "crossversion") if phase == "rollback" else ()
     if select:
         targets = tuple(f"{path}/{nodeid}" for nodeid in select)
-        return [Invocation("suite", (*targets, "--rootdir", str(path), *own, *common, *spec.pytest_args), path)]
+        return [Invocation("suite", (*targets, "--rootdir", str(path), *own, *common, *only, *spec.pytest_args), path)]
     out = []
     if spec.platform_checks and path != bundled and phase == "main":
         checks = tuple(str(bundled / name) for name in PLATFORM_CHECKS)
         out.append(Invocation("platform", (*checks, "--rootdir", str(bundled), *common), bundled))
-    only = ("-m", "crossversion") if phase == "rollback" else ()
     out.append(Invocation("suite", (str(path), "--rootdir", str(path), *own, *common, *only, *spec.pytest_args),
                           path))
     return out

@@ -56,6 +56,7 @@ class RunReport:
     trends: Mapping[str, Sequence[tuple[str, float]]] = field(default_factory=dict)
     host_probe: Mapping[str, Any] = field(default_factory=dict)  # pool -> the host probe's result on this runner
     power: Mapping[str, Any] = field(default_factory=dict)  # "cell metric" -> what the gate detects (calibrate)
+    nightly: Mapping[str, str] = field(default_factory=dict)  # last_green, first_red_after (from the history)
 
     @property
     def evidence(self) -> Evidence:

@@ -85,6 +85,7 @@ def to_json(report: RunReport, exit_code: int) -> dict[str, Any]:
         "trends": {k: [list(p) for p in v] for k, v in report.trends.items()},
         "host_probe": dict(report.host_probe),
         "power": dict(report.power),
+        "nightly": dict(report.nightly),
     }
 
 

@@ -108,6 +108,13 @@ def render(report: RunReport) -> str:
         for cell_id, warns in ev.new_warnings.items():
             lines += [f"- {md_escape(cell_id)}: {md_escape(w)}" for w in warns]
         lines.append("")
+    if report.nightly:
+        lines += ["## Nightly channel", ""]
+        lines += [f"- last green nightly: {md_escape(report.nightly['last_green'])}" if "last_green" in report.nightly
+                  else "- no green nightly in the history yet"]
+        if "first_red_after" in report.nightly:
+            lines.append(f"- first red nightly after it: {md_escape(report.nightly['first_red_after'])}")
+        lines.append("")
     if report.trends:
         lines += ["## Trends (last runs of this channel)", ""]
         for metric, points in report.trends.items():

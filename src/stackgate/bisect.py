@@ -1,0 +1,243 @@
+"""`stackgate bisect`: the first bad nightly between a good and a bad one, by binary search over the
+dates that have wheels for the selected cells. Each step is a real `stackgate run` of just those
+cells (and, with `--test`, just those tests) with `--nightly-version <date>`, reusing environments
+from the cache. The state is written after every step (`reports/<bisect-id>/bisect.json`), so an
+interrupted bisect continues with `--resume <bisect-id>`; `bisect.md` reports every step and ends
+with the first bad date, the last good one and the commit range between them (each wheel's
+`torch.version.git_version`, read from the wheel itself).
+
+A step that gives neither GO nor NO-GO (an infrastructure error, a guard) is skipped, like
+`git bisect skip`: the search goes on without that date, and the report says so.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from packaging.version import Version
+
+from stackgate import matrix, nightly, results
+from stackgate.errors import ConfigError, ExitCode
+from stackgate.model import CellResult, Role, Status
+from stackgate.options import Options
+from stackgate.report.files import atomic_write, strip_control
+from stackgate.versions import parse_torch
+
+STATE = "bisect.json"
+GOOD, BAD, SKIP = "good", "bad", "skip"
+
+
+@dataclass
+class Step:
+    version: str
+    run_id: str
+    outcome: str  # good | bad | skip
+    exit_code: int
+    git_version: str = ""
+
+
+@dataclass
+class Bisect:
+    bisect_id: str
+    good: str
+    bad: str
+    candidates: list[str]  # dates with wheels for the selected cells, oldest first (both ends included)
+    without_wheels: list[str] = field(default_factory=list)  # dates in the range with none: skipped
+    steps: list[Step] = field(default_factory=list)
+    only: list[str] = field(default_factory=list)
+    tests: list[str] = field(default_factory=list)
+
+    def outcome(self, version: str) -> str | None:
+        found = [s.outcome for s in self.steps if s.version == version]
+        return found[-1] if found else None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"bisect_id": self.bisect_id, "good": self.good, "bad": self.bad, "candidates": self.candidates,
+                "without_wheels": self.without_wheels, "only": self.only, "tests": self.tests,
+                "steps": [s.__dict__ for s in self.steps]}
+
+    @staticmethod
+    def from_json(data: Mapping[str, Any]) -> Bisect:
+        return Bisect(data["bisect_id"], data["good"], data["bad"], list(data["candidates"]),
+                      list(data.get("without_wheels", [])), [Step(**s) for s in data.get("steps", [])],
+                      list(data.get("only", [])), list(data.get("tests", [])))
+
+
+def next_version(state: Bisect) -> str | None:
+    """The next date to run: both ends first, then the middle of what is still open between the
+    newest good and the oldest bad; None when the first bad date is found (or cannot be)."""
+    for end in (state.good, state.bad):
+        if state.outcome(end) is None:
+            return end
+    low, high = bounds(state)
+    if low is None or high is None:
+        return None
+    open_ = [v for v in state.candidates[state.candidates.index(low) + 1:state.candidates.index(high)]
+             if state.outcome(v) is None]
+    return open_[len(open_) // 2] if open_ else None
+
+
+def bounds(state: Bisect) -> tuple[str | None, str | None]:
+    """The newest good date before the oldest bad one, and that bad one."""
+    bad = [v for v in state.candidates if state.outcome(v) == BAD]
+    if not bad:
+        return None, None
+    high = bad[0]
+    good = [v for v in state.candidates[:state.candidates.index(high)] if state.outcome(v) == GOOD]
+    return (good[-1] if good else None), high
+
+
+def step_outcome(code: int, found: Iterable[CellResult]) -> str:
+    """good: GO; bad: NO-GO because a candidate's tests failed; anything else (a build that failed,
+    a guard, an infrastructure error, INCONCLUSIVE) says nothing about the regression: skip."""
+    candidates = [r for r in found if r.role is Role.CANDIDATE and r.phase == "main"]
+    if code == int(ExitCode.GO):
+        return GOOD
+    if code == int(ExitCode.NO_GO) and candidates and all(r.status in (Status.PASSED, Status.FAILED)
+                                                          for r in candidates):
+        return BAD
+    return SKIP
+
+
+def plan(opts: Options, env: Mapping[str, str], good: str, bad: str, bisect_id: str) -> Bisect:
+    """The dates between `good` and `bad` that have a wheel for every selected cell (cells as
+    `stackgate run` would select them); the others are kept to be reported."""
+    from stackgate import pipeline
+    lo, hi = parse_torch(good, what="--good"), parse_torch(bad, what="--bad")
+    lo_date, hi_date = nightly.build_date(lo), nightly.build_date(hi)
+    if lo_date is None or hi_date is None:
+        raise ConfigError(f"--good {good} / --bad {bad}: both must be nightly builds (X.Y.Z.devYYYYMMDD)")
+    if lo_date >= hi_date:
+        raise ConfigError(f"--good {good} must be older than --bad {bad}")
+    loaded = pipeline.load(replace(opts, nightly_version=bad), env, matrix.detect_local())
+    chosen = matrix.select(pipeline.expand(loaded), opts.only, None)
+    cells = [c for c in chosen.cells if nightly.build_date(c.stack.torch)]
+    if not cells:
+        raise ConfigError("no nightly cell of the matrix runs here" + (f" with --only {' '.join(opts.only)}"
+                                                                       if opts.only else ""),
+                          hint="check --only and the matrix (its torch axis must be \"nightly\")")
+    found = nightly.wheels(cells[0].stack.source, loaded.host_pip)
+    defaults = {}
+    for cell in cells:
+        release = loaded.table.release(cell.stack.torch)
+        defaults[cell.id] = release.pypi_default.tag if release and release.pypi_default else None
+    candidates, missing = [], []
+    day = lo_date
+    while day <= hi_date:
+        public = str(Version(f"{lo.base_version}.dev{day:%Y%m%d}"))
+        if all(nightly.for_cell(found, c, public, defaults[c.id]) is not None for c in cells):
+            candidates.append(public)
+        else:
+            missing.append(public)
+        day += dt.timedelta(days=1)
+    for end, flag in ((str(Version(lo.public)), "--good"), (str(Version(hi.public)), "--bad")):
+        if end not in candidates:
+            raise ConfigError(f"{flag} {end}: the wheel source has no build of that date for "
+                              f"{', '.join(sorted({c.id for c in cells}))}",
+                              hint="pick dates the wheel source has for them (--find-links / --index-url)")
+    return Bisect(bisect_id, candidates[0], candidates[-1], candidates, missing, only=list(opts.only),
+                  tests=list(opts.tests))
+
+
+def run(opts: Options, env: Mapping[str, str], *, good: str | None, bad: str | None, resume: str | None,
+        say: Callable[[str], None] = print) -> int:
+    if resume:
+        home = opts.reports / resume
+        if not (home / STATE).is_file():
+            raise ConfigError(f"--resume {resume}: no bisect in {home}", hint="give the id printed when it started")
+        state = Bisect.from_json(json.loads((home / STATE).read_text()))
+        say(f"bisect {resume}: continuing after {len(state.steps)} step(s)")
+    else:
+        if not good or not bad:
+            raise ConfigError("stackgate bisect needs --good VERSION and --bad VERSION (or --resume ID)")
+        bisect_id = opts.run_id or f"bisect-{dt.datetime.now(dt.timezone.utc):%Y%m%dT%H%M%SZ}"
+        home = opts.reports / bisect_id
+        state = plan(opts, env, good, bad, bisect_id)
+        home.mkdir(parents=True, exist_ok=True)
+        say(f"bisect {bisect_id}: {len(state.candidates)} nightly date(s) with wheels between {state.good} and "
+            f"{state.bad}" + (f"; without wheels for these cells (skipped): {', '.join(state.without_wheels)}"
+                              if state.without_wheels else ""))
+    write(state, home)
+    step_opts = replace(opts, reports=home, rollback=False, platform_checks=False, resume=None,
+                        nightly_max_age=36500, only=tuple(state.only), tests=tuple(state.tests))
+    try:
+        _search(state, home, step_opts, env, say)
+    except KeyboardInterrupt:
+        say(f"bisect interrupted after {len(state.steps)} finished step(s): continue with "
+            f"`stackgate bisect --resume {state.bisect_id}` (and the same --matrix, --find-links, --suite options)")
+        raise
+    return finish(state, home, opts, env, say)
+
+
+def _search(state: Bisect, home: Path, step_opts: Options, env: Mapping[str, str],
+            say: Callable[[str], None]) -> None:
+    from stackgate import pipeline
+    while (version := next_version(state)) is not None:
+        index = len(state.steps) + 1
+        run_id = f"step{index}-{version.split('dev', 1)[-1]}"
+        say(f"\n== bisect step {index}: {version} (run {run_id})")
+        code = pipeline.run(replace(step_opts, nightly_version=version, run_id=run_id,
+                                    history=home / "history.sqlite"), env, say)
+        outcome = step_outcome(code, results.read(home / run_id).values())
+        state.steps.append(Step(version, run_id, outcome, code))
+        say(f"== bisect step {index}: {version} is {outcome} (exit {code})")
+        write(state, home)
+        if version in (state.good, state.bad) and outcome != (GOOD if version == state.good else BAD):
+            raise ConfigError(f"the {'good' if version == state.good else 'bad'} end, {version}, is {outcome} "
+                              f"here (run {run_id})", hint=f"see {home / run_id / 'report.md'}; pick other ends")
+
+
+def finish(state: Bisect, home: Path, opts: Options, env: Mapping[str, str], say: Callable[[str], None]) -> int:
+    from stackgate import pipeline
+    low, high = bounds(state)
+    if low is None or high is None:
+        write(state, home)
+        say("bisect: no first bad date could be found")
+        return int(ExitCode.INFRA)
+    loaded = pipeline.load(replace(opts, nightly_version=high), env, matrix.detect_local())
+    cells = [c for c in matrix.select(pipeline.expand(loaded), list(state.only), None).cells
+             if nightly.build_date(c.stack.torch)]
+    found = nightly.wheels(cells[0].stack.source, loaded.host_pip)
+    release = loaded.table.release(cells[0].stack.torch)
+    default = release.pypi_default.tag if release and release.pypi_default else None
+    commits = {}
+    for version in (low, high):
+        wheel = nightly.for_cell(found, cells[0], version, default)
+        commits[version] = nightly.git_version(wheel) if wheel is not None else ""
+    for step in state.steps:
+        step.git_version = step.git_version or commits.get(step.version, "")
+    write(state, home, result=(low, high, commits))
+    say(f"\nfirst bad: {high} (commit {commits[high] or '?'})\nlast good: {low} (commit {commits[low] or '?'})")
+    if commits[low] and commits[high]:
+        say(f"commit range: {commits[low]}..{commits[high]} "
+            f"(https://github.com/pytorch/pytorch/compare/{commits[low]}...{commits[high]})")
+    say(f"report: {home / 'bisect.md'}")
+    return int(ExitCode.GO)
+
+
+def write(state: Bisect, home: Path, result: tuple[str, str, Mapping[str, str]] | None = None) -> None:
+    data = state.to_json()
+    lines = [f"# Bisect {state.bisect_id}", "",
+             f"Between `{state.good}` (good) and `{state.bad}` (bad): {len(state.candidates)} date(s) with wheels.", ""]
+    if state.only or state.tests:
+        lines += [f"Cells: `{' '.join(state.only) or 'all'}`; tests: `{' '.join(state.tests) or 'all'}`.", ""]
+    if state.without_wheels:
+        lines += ["Dates without wheels for these cells (skipped): "
+                  + ", ".join(f"`{v}`" for v in state.without_wheels), ""]
+    lines += ["| step | nightly | outcome | exit | run |", "|---|---|---|---|---|"]
+    for i, s in enumerate(state.steps, 1):
+        lines.append(f"| {i} | `{s.version}` | {s.outcome} | {s.exit_code} | `{strip_control(s.run_id)}` |")
+    if result is not None:
+        low, high, commits = result
+        data["result"] = {"first_bad": high, "last_good": low, "commits": dict(commits)}
+        lines += ["", f"**First bad:** `{high}` (commit `{commits.get(high) or '?'}`)",
+                  f"**Last good:** `{low}` (commit `{commits.get(low) or '?'}`)"]
+        if commits.get(low) and commits.get(high):
+            lines.append(f"**Commit range:** `{commits[low]}..{commits[high]}`")
+    atomic_write(home / STATE, json.dumps(data, indent=1))
+    atomic_write(home / "bisect.md", "\n".join(lines) + "\n")

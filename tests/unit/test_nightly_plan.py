@@ -1,0 +1,91 @@
+"""The nightly channel's logic on synthetic data: build dates, the guards, the bisect search order
+and step outcomes (issue 13). The real CLI on test wheels is tests/torch/test_nightly.py."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+from packaging.version import Version
+
+from stackgate import bisect, nightly
+from stackgate.model import Cell, CellResult, GpuClass, Role, RunnerPool, Stack, Status, Topology
+from stackgate.versions import CudaVariant
+
+TODAY = dt.date(2026, 11, 30)
+POOL = RunnerPool("local", None, GpuClass.NONE, gpu="cpu", nodes=1, is_local=True)
+
+
+def _cell(version: str, variant: str = "cpu", role: Role = Role.CANDIDATE) -> Cell:
+    return Cell(Stack(Version(version), CudaVariant(variant), "3.11"), POOL, Topology(1, 2), role)
+
+
+def _wheel(version: str, tag: str = "cp311-cp311-manylinux_2_28_x86_64", project: str = "torch") -> nightly.Wheel:
+    return nightly.Wheel(f"{project}-{version}-{tag}.whl", f"/w/{project}-{version}.whl", Version(version))
+
+
+def test_build_dates() -> None:
+    assert nightly.build_date(Version("2.15.0.dev20261128+cu130")) == dt.date(2026, 11, 28)
+    assert nightly.build_date("2.14.1") is None and nightly.build_date("2.15.0.dev20261399") is None
+
+
+def test_each_guard_names_its_reason() -> None:
+    found = [_wheel("2.15.0.dev20261128+cpu"), _wheel("2.15.0.dev20261129+cu130"),
+             _wheel("2.15.0.dev20261125+cpu")]
+    cells = [_cell("2.15.0.dev20261128"), _cell("2.15.0.dev20261129"), _cell("2.15.0.dev20261125"),
+             _cell("2.13.0", role=Role.PRODUCTION)]
+    out = nightly.guard(cells, found, today=TODAY, max_age_days=3, pypi_default={}, companions={})
+    assert set(out) == {cells[1].id, cells[2].id}  # production and a fresh, present build pass
+    assert "no torch 2.15.0.dev20261129 wheel for cpu" in out[cells[1].id] and "that date has: cu130" in out[cells[1].id]
+    assert "is 5 days old" in out[cells[2].id] and "limit is 3 days" in out[cells[2].id]
+    vision = [_wheel("0.30.0.dev20261127", "py3-none-any", "torchvision")]
+    out = nightly.guard(cells[:1], found, today=TODAY, max_age_days=3, pypi_default={},
+                        companions={"torchvision": vision})
+    assert "torchvision: no build for torch 2.15.0.dev20261128" in out[cells[0].id]
+    assert "its newest is 0.30.0.dev20261127" in out[cells[0].id]
+
+
+def test_the_pypi_default_variant_may_have_no_label() -> None:
+    found = [_wheel("2.15.0.dev20261128")]
+    cell = _cell("2.15.0.dev20261128", "cu130")
+    assert nightly.for_cell(found, cell, "2.15.0.dev20261128", "cu130") is not None
+    assert nightly.for_cell(found, cell, "2.15.0.dev20261128", "cu126") is None
+
+
+def test_companions_among_what_is_installed() -> None:
+    assert nightly.companions_wanted(["einops", "torchvision>=0.20", "TorchAudio", "-c x", "torchvision"]) == [
+        "torchvision", "torchaudio"]
+
+
+DATES = [f"2.15.0.dev202611{d:02d}" for d in range(20, 28)]  # 8 dates
+
+
+@pytest.mark.parametrize("first_bad", range(1, 8))
+def test_bisect_needs_at_most_three_steps_between_the_ends_over_eight_dates(first_bad: int) -> None:
+    state = bisect.Bisect("b", DATES[0], DATES[-1], list(DATES))
+    while (version := bisect.next_version(state)) is not None:
+        outcome = bisect.BAD if DATES.index(version) >= first_bad else bisect.GOOD
+        state.steps.append(bisect.Step(version, f"r{len(state.steps)}", outcome, 0))
+    assert [s.version for s in state.steps[:2]] == [DATES[0], DATES[-1]]
+    assert len(state.steps) - 2 <= 3
+    assert bisect.bounds(state) == (DATES[first_bad - 1], DATES[first_bad])
+
+
+def test_a_skipped_step_is_searched_around() -> None:
+    state = bisect.Bisect("b", DATES[0], DATES[-1], list(DATES))
+    skipped = set()
+    while (version := bisect.next_version(state)) is not None:
+        index = DATES.index(version)
+        outcome = bisect.SKIP if index == 4 else (bisect.BAD if index >= 4 else bisect.GOOD)
+        skipped |= {version} if outcome == bisect.SKIP else set()
+        state.steps.append(bisect.Step(version, "r", outcome, 0))
+    assert skipped == {DATES[4]}
+    assert bisect.bounds(state) == (DATES[3], DATES[5])  # the culprit is 4 or 5: the skip leaves both open
+
+
+def test_step_outcomes() -> None:
+    cand = CellResult("c", Role.CANDIDATE, Status.FAILED)
+    assert bisect.step_outcome(0, []) == bisect.GOOD
+    assert bisect.step_outcome(1, [cand]) == bisect.BAD
+    assert bisect.step_outcome(1, [CellResult("c", Role.CANDIDATE, Status.BUILD_FAILED)]) == bisect.SKIP
+    assert bisect.step_outcome(3, [CellResult("c", Role.CANDIDATE, Status.NO_BUILD)]) == bisect.SKIP
