@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -22,8 +22,9 @@ from typing import Any
 from packaging.version import Version
 
 from stackgate import matrix, nightly, results
+from stackgate.compat import CompatTable
 from stackgate.errors import ConfigError, ExitCode
-from stackgate.model import CellResult, Role, Status
+from stackgate.model import Cell, CellResult, Role, Status
 from stackgate.options import Options
 from stackgate.report.files import atomic_write, strip_control
 from stackgate.versions import parse_torch
@@ -104,33 +105,34 @@ def step_outcome(code: int, found: Iterable[CellResult]) -> str:
     return SKIP
 
 
+def selected(opts: Options, env: Mapping[str, str], version: str,
+             only: Sequence[str]) -> tuple[CompatTable, list[Cell], list[nightly.Wheel]]:
+    """The nightly cells `stackgate run --only ...` would run here, and the torch wheels their source offers."""
+    from stackgate import pipeline
+    loaded = pipeline.load(replace(opts, nightly_version=version), env, matrix.detect_local())
+    cells = [c for c in matrix.select(pipeline.expand(loaded), list(only), None).cells
+             if nightly.build_date(c.stack.torch)]
+    if not cells:
+        raise ConfigError("no nightly cell of the matrix runs here" + (f" with --only {' '.join(only)}" if only else ""),
+                          hint="check --only and the matrix (its torch axis must be \"nightly\")")
+    return loaded.table, cells, nightly.wheels(cells[0].stack.source, loaded.host_pip)
+
+
 def plan(opts: Options, env: Mapping[str, str], good: str, bad: str, bisect_id: str) -> Bisect:
     """The dates between `good` and `bad` that have a wheel for every selected cell (cells as
     `stackgate run` would select them); the others are kept to be reported."""
-    from stackgate import pipeline
     lo, hi = parse_torch(good, what="--good"), parse_torch(bad, what="--bad")
     lo_date, hi_date = nightly.build_date(lo), nightly.build_date(hi)
     if lo_date is None or hi_date is None:
         raise ConfigError(f"--good {good} / --bad {bad}: both must be nightly builds (X.Y.Z.devYYYYMMDD)")
     if lo_date >= hi_date:
         raise ConfigError(f"--good {good} must be older than --bad {bad}")
-    loaded = pipeline.load(replace(opts, nightly_version=bad), env, matrix.detect_local())
-    chosen = matrix.select(pipeline.expand(loaded), opts.only, None)
-    cells = [c for c in chosen.cells if nightly.build_date(c.stack.torch)]
-    if not cells:
-        raise ConfigError("no nightly cell of the matrix runs here" + (f" with --only {' '.join(opts.only)}"
-                                                                       if opts.only else ""),
-                          hint="check --only and the matrix (its torch axis must be \"nightly\")")
-    found = nightly.wheels(cells[0].stack.source, loaded.host_pip)
-    defaults = {}
-    for cell in cells:
-        release = loaded.table.release(cell.stack.torch)
-        defaults[cell.id] = release.pypi_default.tag if release and release.pypi_default else None
+    table, cells, found = selected(opts, env, bad, opts.only)
     candidates, missing = [], []
     day = lo_date
     while day <= hi_date:
         public = str(Version(f"{lo.base_version}.dev{day:%Y%m%d}"))
-        if all(nightly.for_cell(found, c, public, defaults[c.id]) is not None for c in cells):
+        if all(nightly.for_cell(found, c, public, table) is not None for c in cells):
             candidates.append(public)
         else:
             missing.append(public)
@@ -193,21 +195,15 @@ def _search(state: Bisect, home: Path, step_opts: Options, env: Mapping[str, str
 
 
 def finish(state: Bisect, home: Path, opts: Options, env: Mapping[str, str], say: Callable[[str], None]) -> int:
-    from stackgate import pipeline
     low, high = bounds(state)
     if low is None or high is None:
         write(state, home)
         say("bisect: no first bad date could be found")
         return int(ExitCode.INFRA)
-    loaded = pipeline.load(replace(opts, nightly_version=high), env, matrix.detect_local())
-    cells = [c for c in matrix.select(pipeline.expand(loaded), list(state.only), None).cells
-             if nightly.build_date(c.stack.torch)]
-    found = nightly.wheels(cells[0].stack.source, loaded.host_pip)
-    release = loaded.table.release(cells[0].stack.torch)
-    default = release.pypi_default.tag if release and release.pypi_default else None
+    table, cells, found = selected(opts, env, high, state.only)
     commits = {}
     for version in (low, high):
-        wheel = nightly.for_cell(found, cells[0], version, default)
+        wheel = nightly.for_cell(found, cells[0], version, table)
         commits[version] = nightly.git_version(wheel) if wheel is not None else ""
     for step in state.steps:
         step.git_version = step.git_version or commits.get(step.version, "")

@@ -27,6 +27,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import Version
 
+from stackgate.compat import CompatTable
 from stackgate.model import Cell, Role, WheelSource
 from stackgate.sources import PipConfig, Target, local_wheels
 
@@ -68,10 +69,17 @@ def wheels(source: WheelSource, host: PipConfig, project: str = "torch") -> list
     return out
 
 
-def for_cell(found: Iterable[Wheel], cell: Cell, public: str, pypi_default: str | None) -> Wheel | None:
+def default_variant(table: CompatTable, cell: Cell) -> str | None:
+    """The CUDA variant PyPI serves without a local label for the cell's torch series."""
+    release = table.release(cell.stack.torch)
+    return release.pypi_default.tag if release and release.pypi_default else None
+
+
+def for_cell(found: Iterable[Wheel], cell: Cell, public: str, table: CompatTable) -> Wheel | None:
     """The wheel of torch `public` that `cell` would install: its Python tag, this platform and its
     CUDA variant (the variant PyPI serves by default may carry no local label)."""
     want = cell.stack.cuda.tag
+    pypi_default = default_variant(table, cell)
     target = Target(pythons=(cell.stack.python,), variants=(want,))
     for wheel in found:
         if wheel.version.public != public or not target.accepts(wheel.filename):
@@ -87,7 +95,7 @@ def dates(found: Iterable[Wheel]) -> list[str]:
 
 
 def guard(cells: Sequence[Cell], found: Sequence[Wheel], *, today: dt.date, max_age_days: int,
-          pypi_default: Mapping[str, str | None], companions: Mapping[str, Sequence[Wheel]]) -> dict[str, str]:
+          table: CompatTable, companions: Mapping[str, Sequence[Wheel]]) -> dict[str, str]:
     """Cell id -> why it cannot run this nightly (candidate cells of a `.dev` torch only)."""
     out: dict[str, str] = {}
     for cell in cells:
@@ -100,7 +108,7 @@ def guard(cells: Sequence[Cell], found: Sequence[Wheel], *, today: dt.date, max_
             out[cell.id] = (f"nightly {version.public} is {age} days old (built {built}); the limit is "
                             f"{max_age_days} days (--nightly-max-age)")
             continue
-        if for_cell(found, cell, version.public, pypi_default.get(cell.id)) is None:
+        if for_cell(found, cell, version.public, table) is None:
             same_day = sorted({w.variant or "(no label)" for w in found if w.version.public == version.public})
             out[cell.id] = (f"no torch {version.public} wheel for {cell.stack.cuda.tag}, Python {cell.stack.python} on "
                             "this platform in the wheel source" + (f" (that date has: {', '.join(same_day)})"

@@ -400,12 +400,8 @@ def nightly_guards(opts: Options, loaded: Loaded, cells: Sequence[Cell]) -> dict
     source = candidates[0].stack.source
     installs = [*loaded.deps.fingerprint(), *(r for c in candidates for r in c.stack.extra_requirements)]
     companions = {name: nightly.wheels(source, loaded.host_pip, name) for name in nightly.companions_wanted(installs)}
-    defaults = {}
-    for cell in candidates:
-        release = loaded.table.release(cell.stack.torch)
-        defaults[cell.id] = release.pypi_default.tag if release and release.pypi_default else None
     return nightly.guard(candidates, nightly.wheels(source, loaded.host_pip), today=dt.datetime.now(dt.timezone.utc).date(),
-                         max_age_days=opts.nightly_max_age, pypi_default=defaults, companions=companions)
+                         max_age_days=opts.nightly_max_age, table=loaded.table, companions=companions)
 
 
 def probe_pools(cells: Sequence[Cell], say: Printer, remote: Collection[str] = ()) -> list[probe.ProbeResult]:

@@ -8,11 +8,12 @@ import datetime as dt
 import pytest
 from packaging.version import Version
 
-from stackgate import bisect, nightly
+from stackgate import bisect, bundled, compat, nightly
 from stackgate.model import Cell, CellResult, GpuClass, Role, RunnerPool, Stack, Status, Topology
 from stackgate.versions import CudaVariant
 
 TODAY = dt.date(2026, 11, 30)
+TABLE = compat.load_compat(bundled.MATRIX_DIR / "compat.toml")  # 2.15: PyPI's default variant is cu130
 POOL = RunnerPool("local", None, GpuClass.NONE, gpu="cpu", nodes=1, is_local=True)
 
 
@@ -34,12 +35,12 @@ def test_each_guard_names_its_reason() -> None:
              _wheel("2.15.0.dev20261125+cpu")]
     cells = [_cell("2.15.0.dev20261128"), _cell("2.15.0.dev20261129"), _cell("2.15.0.dev20261125"),
              _cell("2.13.0", role=Role.PRODUCTION)]
-    out = nightly.guard(cells, found, today=TODAY, max_age_days=3, pypi_default={}, companions={})
+    out = nightly.guard(cells, found, today=TODAY, max_age_days=3, table=TABLE, companions={})
     assert set(out) == {cells[1].id, cells[2].id}  # production and a fresh, present build pass
     assert "no torch 2.15.0.dev20261129 wheel for cpu" in out[cells[1].id] and "that date has: cu130" in out[cells[1].id]
     assert "is 5 days old" in out[cells[2].id] and "limit is 3 days" in out[cells[2].id]
     vision = [_wheel("0.30.0.dev20261127", "py3-none-any", "torchvision")]
-    out = nightly.guard(cells[:1], found, today=TODAY, max_age_days=3, pypi_default={},
+    out = nightly.guard(cells[:1], found, today=TODAY, max_age_days=3, table=TABLE,
                         companions={"torchvision": vision})
     assert "torchvision: no build for torch 2.15.0.dev20261128" in out[cells[0].id]
     assert "its newest is 0.30.0.dev20261127" in out[cells[0].id]
@@ -48,8 +49,8 @@ def test_each_guard_names_its_reason() -> None:
 def test_the_pypi_default_variant_may_have_no_label() -> None:
     found = [_wheel("2.15.0.dev20261128")]
     cell = _cell("2.15.0.dev20261128", "cu130")
-    assert nightly.for_cell(found, cell, "2.15.0.dev20261128", "cu130") is not None
-    assert nightly.for_cell(found, cell, "2.15.0.dev20261128", "cu126") is None
+    assert nightly.for_cell(found, cell, "2.15.0.dev20261128", TABLE) is not None
+    assert nightly.for_cell(found, _cell("2.15.0.dev20261128", "cu126"), "2.15.0.dev20261128", TABLE) is None
 
 
 def test_companions_among_what_is_installed() -> None:
