@@ -73,12 +73,8 @@ def job_script(cell: Cell, spec: SlurmSpec, *, name: str, label: str, scripts: P
     nodes = cell.topology.nodes
     options = [f"--job-name={name}", f"--nodes={nodes}", "--ntasks-per-node=1", f"--time={time_limit(seconds)}",
                f"--output={scripts / f'job-{label}-%j.out'}"]
-    if spec.partition:
-        options.append(f"--partition={spec.partition}")
-    if spec.account:
-        options.append(f"--account={spec.account}")
-    if spec.constraint:
-        options.append(f"--constraint={spec.constraint}")
+    options += [f"--{flag}={value}" for flag, value in (("partition", spec.partition), ("account", spec.account),
+                                                         ("constraint", spec.constraint)) if value]
     if cell.device == "cuda" and cell.pool.gpus_per_node:
         options.append(f"--gpus-per-node={cell.pool.gpus_per_node}")
     task = (f"bash {shlex.quote(str(scripts))}/node${{SLURM_NODEID}}-{label}.sh; "
