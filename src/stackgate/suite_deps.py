@@ -27,7 +27,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -42,6 +41,7 @@ from stackgate import proc, tomlfile
 from stackgate.errors import ConfigError, InfraError
 from stackgate.plan import SUITE_REQUIREMENTS as BASE
 from stackgate.resolve import is_network_failure
+from stackgate.sources import pip_command
 
 _EXTRAS = re.compile(r"^(?P<path>.*?)(?:\[(?P<extras>[A-Za-z0-9_.,\s-]*)\])?$")
 _SKIP_DIRS = {"__pycache__", "build", "dist", "node_modules"}
@@ -337,8 +337,9 @@ def _build_wheel(project: LocalProject, files: Sequence[Path], home: Path, env: 
             shutil.copy2(project.path / rel, src / rel)
         staging = home.with_name(home.name + f".partial-{os.getpid()}")
         shutil.rmtree(staging, ignore_errors=True)
-        # pip, not uv: pip reads the host's index configuration for the build backend
-        result = proc.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--disable-pip-version-check",
+        # pip, not uv: pip reads the host's index configuration for the build backend. This
+        # interpreter's pip, else the one on PATH (a uv-made venv, such as nox's, has none)
+        result = proc.run([*pip_command(), "wheel", "--no-deps", "--disable-pip-version-check",
                            "-w", str(staging), str(src)], env=dict(env), timeout_s=1800,
                           log_path=Path(tmp) / "build.log")
         if not result.ok:
