@@ -29,7 +29,7 @@ from packaging.version import Version
 
 from stackgate.compat import CompatTable
 from stackgate.model import Cell, Role, WheelSource
-from stackgate.sources import PipConfig, Target, local_wheels
+from stackgate.sources import PipConfig, Target, list_wheels
 
 COMPANIONS = ("torchvision", "torchaudio", "triton", "pytorch-triton")
 _DATE = re.compile(r"dev(\d{8})")
@@ -58,15 +58,29 @@ class Wheel:
         return str(self.version.local) if self.version.local else ""
 
 
-def wheels(source: WheelSource, host: PipConfig, project: str = "torch") -> list[Wheel]:
+class Wheels(list[Wheel]):
+    """The wheels a source offers, and the pages that could not be read (`complete` is False then:
+    a wheel missing from the list may still exist)."""
+
+    def __init__(self, found: Iterable[Wheel] = (), unlisted: Sequence[str] = ()) -> None:
+        super().__init__(found)
+        self.unlisted = tuple(unlisted)
+
+    @property
+    def complete(self) -> bool:
+        return not self.unlisted
+
+
+def wheels(source: WheelSource, host: PipConfig, project: str = "torch") -> Wheels:
+    listing = list_wheels(source, host, project, remote=True)
     out = []
-    for name, location in local_wheels(source, host, project):
+    for name, location in listing.found:
         try:
             _, version, _, _ = parse_wheel_filename(name)
         except InvalidWheelFilename:
             continue
         out.append(Wheel(name, location, version))
-    return out
+    return Wheels(out, listing.unlisted)
 
 
 def default_variant(table: CompatTable, cell: Cell) -> str | None:
@@ -108,7 +122,7 @@ def guard(cells: Sequence[Cell], found: Sequence[Wheel], *, today: dt.date, max_
             out[cell.id] = (f"nightly {version.public} is {age} days old (built {built}); the limit is "
                             f"{max_age_days} days (--nightly-max-age)")
             continue
-        if for_cell(found, cell, version.public, table) is None:
+        if for_cell(found, cell, version.public, table) is None and _complete(found):
             same_day = sorted({w.variant or "(no label)" for w in found if w.version.public == version.public})
             out[cell.id] = (f"no torch {version.public} wheel for {cell.stack.cuda.tag}, Python {cell.stack.python} on "
                             "this platform in the wheel source" + (f" (that date has: {', '.join(same_day)})"
@@ -116,12 +130,17 @@ def guard(cells: Sequence[Cell], found: Sequence[Wheel], *, today: dt.date, max_
             continue
         for name, offered in companions.items():
             made = [w for w in offered if build_date(w.version) == built]
-            if not made:
+            if not made and _complete(offered):
                 newest = max((w.version for w in offered if build_date(w.version)), default=None)
                 out[cell.id] = (f"{name}: no build for torch {version.public} (date {built}) in the wheel source"
                                 + (f"; its newest is {newest}, made for another date" if newest else ""))
                 break
     return out
+
+
+def _complete(found: Sequence[Wheel]) -> bool:
+    """Only a complete listing can say a wheel is missing (an index that could not be read might have it)."""
+    return not isinstance(found, Wheels) or found.complete
 
 
 def companions_wanted(requirements: Iterable[str]) -> list[str]:

@@ -207,7 +207,7 @@ def run(opts: Options, env: Mapping[str, str], say: Printer | None = None) -> in
                           hint=(f"not run here: {away}" if away else "check --only and the matrix axes")
                           + f"; pruned: {len(chosen.pruned)}")
 
-    blocked = nightly_guards(opts, loaded, chosen.cells)
+    blocked = nightly_guards(opts, loaded, chosen.cells, say)
     if blocked and loaded.spec.fallback == "last-green" and not opts.nightly_version:
         green = history.last_green(opts.history, loaded.spec.name)
         if green is not None:
@@ -391,7 +391,7 @@ def calibrate(opts: Options, env: Mapping[str, str], *, runs: int, target: float
     return 0
 
 
-def nightly_guards(opts: Options, loaded: Loaded, cells: Sequence[Cell]) -> dict[str, str]:
+def nightly_guards(opts: Options, loaded: Loaded, cells: Sequence[Cell], say: Printer) -> dict[str, str]:
     """Cell id -> why it cannot run this nightly (see `nightly.guard`), before anything is resolved."""
     from stackgate import nightly
     candidates = [c for c in cells if c.role is Role.CANDIDATE and nightly.build_date(c.stack.torch)]
@@ -400,7 +400,10 @@ def nightly_guards(opts: Options, loaded: Loaded, cells: Sequence[Cell]) -> dict
     source = candidates[0].stack.source
     installs = [*loaded.deps.fingerprint(), *(r for c in candidates for r in c.stack.extra_requirements)]
     companions = {name: nightly.wheels(source, loaded.host_pip, name) for name in nightly.companions_wanted(installs)}
-    return nightly.guard(candidates, nightly.wheels(source, loaded.host_pip), today=dt.datetime.now(dt.timezone.utc).date(),
+    found = nightly.wheels(source, loaded.host_pip)
+    for page in (*found.unlisted, *(u for w in companions.values() for u in w.unlisted)):
+        say(f"notice: could not list {page}: the nightly guards check only the age of what they cannot list")
+    return nightly.guard(candidates, found, today=dt.datetime.now(dt.timezone.utc).date(),
                          max_age_days=opts.nightly_max_age, table=loaded.table, companions=companions)
 
 

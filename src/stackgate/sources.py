@@ -8,7 +8,8 @@ import re
 import shutil
 import sys
 import urllib.parse
-from collections.abc import Mapping
+import urllib.request
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -105,12 +106,38 @@ class Target:
                    and tag.platform.startswith(("manylinux", "linux")) for tag in tags)
 
 
-def local_wheels(source: WheelSource, host: PipConfig, project: str = "torch") -> list[tuple[str, str]]:
-    """(file name, location) of `project`'s wheels in the source's find-links directories and
-    file:// indexes (PEP 503: `<index>/<project>/index.html`). A location is a path or a URL."""
+@dataclass(frozen=True)
+class Listing:
+    """A project's wheels a source offers: (file name, location: a path or a URL), and the index or
+    find-links pages that could not be read (then the listing may be incomplete)."""
+
+    found: tuple[tuple[str, str], ...]
+    unlisted: tuple[str, ...] = ()
+
+    @property
+    def complete(self) -> bool:
+        return not self.unlisted
+
+
+_ANCHOR = r'href="([^"]+)"[^>]*>\s*({project}-[^<]+\.whl)\s*<'
+
+
+def _anchors(html: str, base: str, project: str) -> list[tuple[str, str]]:
+    return [(name, urllib.parse.urljoin(base, href.split("#")[0]))
+            for href, name in re.findall(_ANCHOR.format(project=re.escape(project)), html)]
+
+
+def list_wheels(source: WheelSource, host: PipConfig, project: str = "torch", *, remote: bool = False) -> Listing:
+    """`project`'s wheels in the source's find-links directories and PEP 503 indexes
+    (`<index>/<project>/`): file:// always; http(s) pages too with `remote` (the nightly channel)."""
     found: list[tuple[str, str]] = []
+    unlisted: list[str] = []
     dirs = list(source.find_links) + (list(host.find_links) if source.inherit_pip_config else [])
+    pages: list[tuple[str, str]] = []  # (url of the page, what it is for the message)
     for d in dirs:
+        if d.startswith(("http://", "https://")):
+            pages.append((d, d))
+            continue
         path = Path(d[7:] if d.startswith("file://") else d)
         if path.is_dir():
             found += [(p.name, str(p)) for p in path.glob(f"{project}-*.whl")]
@@ -121,20 +148,22 @@ def local_wheels(source: WheelSource, host: PipConfig, project: str = "torch") -
         if url and url.startswith("file://"):
             page = Path(urllib.parse.urlparse(url).path) / project / "index.html"
             if page.is_file():
-                for href, name in re.findall(r'href="([^"]+)"[^>]*>\s*(' + re.escape(project) + r'-[^<]+\.whl)\s*<',
-                                             page.read_text(errors="replace")):
-                    found.append((name, urllib.parse.urljoin(page.as_uri(), href.split("#")[0])))
-    return found
+                found += _anchors(page.read_text(errors="replace"), page.as_uri(), project)
+        elif url and url.startswith(("http://", "https://")):
+            pages.append((f"{url.rstrip('/')}/{project}/", url))
+    for page_url, label in pages if remote else ():
+        try:
+            with urllib.request.urlopen(page_url, timeout=30) as response:  # a configured index or page
+                found += _anchors(response.read().decode(errors="replace"), page_url, project)
+        except (OSError, ValueError) as exc:
+            unlisted.append(f"{label} ({exc})")
+    return Listing(tuple(found), tuple(unlisted))
 
 
-def _local_wheel_names(source: WheelSource, host: PipConfig) -> list[str]:
-    return [name for name, _ in local_wheels(source, host)]
-
-
-def local_torch_versions(source: WheelSource, host: PipConfig, target: Target | None = None) -> list[Version]:
-    """torch versions with a wheel for `target` (any target when None) in the source's local places."""
+def torch_versions(names: Iterable[str], target: Target | None = None) -> list[Version]:
+    """torch versions among wheel file names, with a wheel for `target` (any target when None)."""
     found: set[Version] = set()
-    for name in _local_wheel_names(source, host):
+    for name in names:
         if target is not None and not target.accepts(name):
             continue
         try:
@@ -153,14 +182,17 @@ def resolve_nightly(source: WheelSource, host: PipConfig, explicit: str | None =
         from stackgate.versions import parse_torch
         return parse_torch(explicit, what="nightly version")
     target = target or Target()
-    devs = [v for v in local_torch_versions(source, host, target) if v.dev is not None]
+    listing = list_wheels(source, host, remote=True)
+    names = [name for name, _ in listing.found]
+    devs = [v for v in torch_versions(names, target) if v.dev is not None]
     if not devs:
-        others = [v for v in local_torch_versions(source, host) if v.dev is not None]
+        others = [v for v in torch_versions(names) if v.dev is not None]
         raise ConfigError(
             f"the nightly channel found no .dev torch build for Python {', '.join(target.pythons)} on "
             f"{target.arch}" + (f" ({', '.join(target.variants)})" if target.variants else "")
             + " in the configured wheel source"
-            + (f"; there are builds for other targets: {', '.join(str(v) for v in others[-3:])}" if others else ""),
+            + (f"; there are builds for other targets: {', '.join(str(v) for v in others[-3:])}" if others else "")
+            + (f"; could not list: {'; '.join(listing.unlisted)}" if listing.unlisted else ""),
             hint="pass --find-links DIR (a wheelhouse with torch-X.Y.Z.devYYYYMMDD wheels) or "
                  "--nightly-version 2.15.0.devYYYYMMDD with --index-url URL",
         )

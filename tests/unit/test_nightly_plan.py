@@ -4,12 +4,18 @@ and step outcomes (issue 13). The real CLI on test wheels is tests/torch/test_ni
 from __future__ import annotations
 
 import datetime as dt
+import functools
+import http.server
+import socketserver
+import threading
+from pathlib import Path
 
 import pytest
 from packaging.version import Version
 
 from stackgate import bisect, bundled, compat, nightly
-from stackgate.model import Cell, CellResult, GpuClass, Role, RunnerPool, Stack, Status, Topology
+from stackgate.model import Cell, CellResult, GpuClass, Role, RunnerPool, Stack, Status, Topology, WheelSource
+from stackgate.sources import PipConfig, Target, resolve_nightly
 from stackgate.versions import CudaVariant
 
 TODAY = dt.date(2026, 11, 30)
@@ -90,3 +96,31 @@ def test_step_outcomes() -> None:
     assert bisect.step_outcome(1, [cand]) == bisect.BAD
     assert bisect.step_outcome(1, [CellResult("c", Role.CANDIDATE, Status.BUILD_FAILED)]) == bisect.SKIP
     assert bisect.step_outcome(3, [CellResult("c", Role.CANDIDATE, Status.NO_BUILD)]) == bisect.SKIP
+
+
+def test_an_http_index_is_listed_and_an_unreadable_one_never_blocks_a_cell(tmp_path: Path) -> None:
+    """A PEP 503 index over http (here a local server) lists the nightlies; an index that cannot be
+    read leaves the listing incomplete, and an incomplete listing cannot say a wheel is missing."""
+    page = tmp_path / "simple" / "torch"
+    page.mkdir(parents=True)
+    page.joinpath("index.html").write_text(
+        '<html><body><a href="../../files/torch-2.15.0.dev20261128%2Bcpu-cp311-cp311-manylinux_2_28_x86_64.whl'
+        '#sha256=00">torch-2.15.0.dev20261128+cpu-cp311-cp311-manylinux_2_28_x86_64.whl</a></body></html>')
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+    with socketserver.TCPServer(("127.0.0.1", 0), handler) as server:
+        thread = threading.Thread(target=server.serve_forever, daemon=True)
+        thread.start()
+        try:
+            url = f"http://127.0.0.1:{server.server_address[1]}/simple"
+            source = WheelSource(index_url=url, inherit_pip_config=False, pre=True)
+            found = nightly.wheels(source, PipConfig())
+            assert found.complete and [str(w.version) for w in found] == ["2.15.0.dev20261128+cpu"]
+            assert found[0].location.endswith("/files/torch-2.15.0.dev20261128%2Bcpu-cp311-cp311-manylinux_2_28_x86_64.whl")
+            assert str(resolve_nightly(source, PipConfig(), target=Target(variants=("cpu",)))) == "2.15.0.dev20261128"
+        finally:
+            server.shutdown()
+    away = nightly.wheels(WheelSource(index_url="http://127.0.0.1:9/simple", inherit_pip_config=False), PipConfig())
+    assert not away.complete and "127.0.0.1:9" in away.unlisted[0]
+    cell = _cell("2.15.0.dev20261129")
+    assert nightly.guard([cell], away, today=TODAY, max_age_days=3, table=TABLE, companions={}) == {}
+    assert cell.id in nightly.guard([cell], nightly.Wheels(), today=TODAY, max_age_days=3, table=TABLE, companions={})
