@@ -243,8 +243,7 @@ def _history(args: argparse.Namespace) -> int:
 def _last_green(path: Path, matrix: str | None, as_json: bool) -> int:
     """`stackgate history --last-green`: the version on the first line, so a pipeline can pin it."""
     from stackgate import history
-    green = history.last_green(path, matrix)
-    red = history.first_red_after(path, green.version if green else None, matrix)
+    green, red = history.standing(history.nightlies(path, matrix))
     if as_json:
         print(json.dumps({"last_green": green.__dict__ if green else None,
                           "first_red_after": red.__dict__ if red else None}, indent=2))

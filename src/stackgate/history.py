@@ -133,18 +133,19 @@ def dev_key(version: str) -> tuple[str, str]:
     return (date, version)
 
 
+def standing(marks: Sequence[Nightly]) -> tuple[Nightly | None, Nightly | None]:
+    """The last green nightly (the newest whose latest run was GO) and the first red one after it
+    (the oldest NO-GO after it; of all nightlies, when none is green)."""
+    ordered = sorted(marks, key=lambda n: dev_key(n.version))
+    green = [n for n in ordered if n.decision == "GO"]
+    last = green[-1] if green else None
+    red = next((n for n in ordered if n.decision == "NO-GO"
+                and (last is None or dev_key(n.version) > dev_key(last.version))), None)
+    return last, red
+
+
 def last_green(path: Path, matrix: str | None = None) -> Nightly | None:
-    """The newest nightly whose latest run was GO."""
-    green = [n for n in nightlies(path, matrix) if n.decision == "GO"]
-    return green[-1] if green else None
-
-
-def first_red_after(path: Path, version: str | None, matrix: str | None = None) -> Nightly | None:
-    """The oldest nightly after `version` (or of all, when None) whose latest run was NO-GO."""
-    for n in nightlies(path, matrix):
-        if (version is None or dev_key(n.version) > dev_key(version)) and n.decision == "NO-GO":
-            return n
-    return None
+    return standing(nightlies(path, matrix))[0]
 
 
 def trends(path: Path, *, channel: str, matrix: str, limit: int = 10,

@@ -103,11 +103,6 @@ def for_cell(found: Iterable[Wheel], cell: Cell, public: str, table: CompatTable
     return None
 
 
-def dates(found: Iterable[Wheel]) -> list[str]:
-    """Every version of a date that the source offers, public part (2.15.0.dev20261127), sorted."""
-    return sorted({w.version.public for w in found if build_date(w.version)}, key=Version)
-
-
 def guard(cells: Sequence[Cell], found: Sequence[Wheel], *, today: dt.date, max_age_days: int,
           table: CompatTable, companions: Mapping[str, Sequence[Wheel]]) -> dict[str, str]:
     """Cell id -> why it cannot run this nightly (candidate cells of a `.dev` torch only)."""

@@ -304,12 +304,10 @@ def dry_run(opts: Options, env: Mapping[str, str], say: Printer | None = None) -
     run_dir = opts.reports / (opts.run_id or "RUN_ID")
     suite = suite_spec(opts, platform_checks=opts.platform_checks)
     ctx = RunContext(run_id=run_dir.name, run_dir=run_dir, suite=suite)
-    venvs = VenvBackend(opts.cache_dir, loaded.table, loaded.host_pip, env, deps=loaded.deps)
     say(f"dry run of {loaded.spec.name}: {len(chosen.cells)} cell(s) here; nothing is built, submitted or written")
     if loaded.deps.projects:
         say("  (the suite's local projects are built at run time: the venv paths below leave them out)")
-        venvs = VenvBackend(opts.cache_dir, loaded.table, loaded.host_pip, env,
-                            deps=replace(loaded.deps, projects=()))
+    venvs = VenvBackend(opts.cache_dir, loaded.table, loaded.host_pip, env, deps=replace(loaded.deps, projects=()))
     for cell in run_order(chosen.cells):
         workdir = run_dir / "cells" / cell.id
         python = venvs.root_for(cell.stack)[0] / "bin" / "python"
@@ -398,7 +396,7 @@ def nightly_guards(opts: Options, loaded: Loaded, cells: Sequence[Cell], say: Pr
     if not candidates:
         return {}
     source = candidates[0].stack.source
-    installs = [*loaded.deps.fingerprint(), *(r for c in candidates for r in c.stack.extra_requirements)]
+    installs = [*(r.text for r in loaded.deps.requirements), *(r for c in candidates for r in c.stack.extra_requirements)]
     companions = {name: nightly.wheels(source, loaded.host_pip, name) for name in nightly.companions_wanted(installs)}
     found = nightly.wheels(source, loaded.host_pip)
     for page in (*found.unlisted, *(u for w in companions.values() for u in w.unlisted)):
@@ -554,18 +552,14 @@ def _nightly_marks(opts: Options, loaded: Loaded, run_id: str, decision: str) ->
     this run (recorded after the reports are written)."""
     if loaded.spec.channel != "nightly":
         return {}
-    marks = history.nightlies(opts.history, loaded.spec.name)
     this = ", ".join(str(v) for v in loaded.torch)
-    marks = [m for m in marks if m.version != this] + [history.Nightly(this, run_id, decision, now())]
-    marks.sort(key=lambda m: history.dev_key(m.version))
-    green = [m for m in marks if m.decision == "GO"]
+    marks = [m for m in history.nightlies(opts.history, loaded.spec.name) if m.version != this]
+    green, red = history.standing([*marks, history.Nightly(this, run_id, decision, now())])
     out = {}
-    if green:
-        out["last_green"] = f"{green[-1].version} (run {green[-1].run_id})"
-    red = [m for m in marks if m.decision == "NO-GO" and (not green or history.dev_key(m.version)
-                                                           > history.dev_key(green[-1].version))]
-    if red:
-        out["first_red_after"] = f"{red[0].version} (run {red[0].run_id})"
+    if green is not None:
+        out["last_green"] = f"{green.version} (run {green.run_id})"
+    if red is not None:
+        out["first_red_after"] = f"{red.version} (run {red.run_id})"
     return out
 
 

@@ -102,7 +102,7 @@ def resolve_stack(stack: Stack, table: CompatTable, host: PipConfig, env: Mappin
     if not _UNSATISFIABLE.search(result.tail) or is_network_failure(result.tail):
         return _failed(stack, reqs, result)
     culprits = []  # each suite requirement alone beside the stack's torch: which one cannot be had?
-    for requirement in reqs[len(base):]:
+    for requirement in deps.own_lines():
         alone = _compile(stack, (base[0], requirement), held, host, env)
         if not alone.ok and _UNSATISFIABLE.search(alone.tail):
             culprits.append((requirement, _causes(alone.tail)))

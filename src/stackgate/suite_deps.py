@@ -89,11 +89,15 @@ class SuiteDeps:
         return not (self.requirements or self.constraints or self.projects)
 
     def install_lines(self) -> tuple[str, ...]:
-        """What the suite adds to an environment (after torch): the base, the requirements and the
-        built local projects. Raises when a project has not been built yet."""
+        """What the suite adds to an environment (after torch): the base, then `own_lines()`."""
+        return (*BASE, *self.own_lines())
+
+    def own_lines(self) -> tuple[str, ...]:
+        """The suite's own requirements and its built local projects (without the base every suite
+        gets). Raises when a project has not been built yet."""
         if len(self.built) != len(self.projects):
-            raise RuntimeError("SuiteDeps.install_lines() before build_projects()")
-        return (*BASE, *(r.text for r in self.requirements), *(b.requirement for b in self.built))
+            raise RuntimeError("SuiteDeps: the local projects are used before build_projects()")
+        return (*(r.text for r in self.requirements), *(b.requirement for b in self.built))
 
     def constraint_lines(self) -> tuple[str, ...]:
         return tuple(c.text for c in self.constraints)

@@ -15,7 +15,6 @@ from stackgate.backends.docker import images
 from stackgate.backends.docker.engine import BuildError, ContainerExit, ContainerSpec, Engine
 from stackgate.compat import CompatTable
 from stackgate.model import Stack
-from stackgate.plan import SUITE_REQUIREMENTS as SUITE_BASE
 from stackgate.plan import requirements
 from stackgate.sources import PipConfig, installer_args
 from stackgate.suite import Layout, NodeCommand, NodeExit, suite_digest
@@ -51,7 +50,8 @@ class DockerBackend:
                                      and base.startswith("stackgate/base:"), mirror=self.mirror, say=self.say,
                                      work_dir=log_path.parent)
         reqs = requirements(self.compat, stack)
-        extra = [images.in_image(r) for r in self.deps.install_lines()[len(SUITE_BASE):]]
+        lines = self.deps.own_lines()
+        extra = [images.in_image(r) for r in lines]
         self.say(f"  resolving wheels for {' '.join(reqs)} into the host wheelhouse")
         index = installer_args(stack.source, self.host_pip)
         try:
@@ -59,7 +59,6 @@ class DockerBackend:
             suite_house = None
             if extra:  # the suite's wheels, with everything the stack has held where it is
                 self.say(f"  resolving the suite's wheels for {' '.join(extra)}")
-                lines = list(self.deps.install_lines()[len(SUITE_BASE):])
                 fetched = images.wheelhouse(self.cache_dir, lines, index, stack.python, self.ca_bundle, self.env,
                                             log_path, constraints=(*images.pins(house), *self.deps.constraint_lines()))
                 have = {w.filename for w in house.wheels}
