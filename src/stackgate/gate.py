@@ -245,6 +245,28 @@ def repeat_pairs(cand: Cell, base: Cell, results: Mapping[str, CellResult]) -> l
     return pairs
 
 
+def unsettled(cand: Cell, base: Cell, results: Mapping[str, CellResult], policy: Policy) -> dict[str, str]:
+    """The gated, sampled metrics of a candidate that the runs so far cannot settle, each with why:
+    an interval that straddles the tolerance, or a regression seen over fewer than the policy's
+    `confirm_repeats` runs (the steps of one run are blind to run-to-run noise, so one run never
+    makes a performance NO-GO when confirmation is on). Metric key -> why."""
+    cres, bres = results.get(cand.id), results.get(base.id)
+    if cres is None or bres is None or not (_ran(cres) and _ran(bres)):
+        return {}
+    pairs = repeat_pairs(cand, base, results)
+    runs = 1 + len(pairs)
+    comparisons, _, _ = _compare(cand, base, cres, bres, policy, Severity.INFO, repeats=pairs)
+    out = {}
+    for c in comparisons:
+        if not c.gated or c.comparison.method == "threshold":
+            continue
+        if c.comparison.outcome is stats.Outcome.INCONCLUSIVE:
+            out[c.metric] = f"{c.comparison.describe(c.unit)}: cannot tell over {runs} run(s)"
+        elif c.comparison.outcome is stats.Outcome.REGRESSION and runs < policy.confirm_repeats:
+            out[c.metric] = f"{c.comparison.describe(c.unit)}: a regression over {runs} run(s), to confirm"
+    return out
+
+
 def _runs(key: str, main: tuple[CellResult, CellResult],
           repeats: Sequence[tuple[CellResult, CellResult]]) -> tuple[list[tuple[float, ...]], list[tuple[float, ...]]]:
     """A metric's samples per run, production and candidate, in pairs (main run, then each repeat)."""

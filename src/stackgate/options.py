@@ -125,6 +125,11 @@ class Settings:
     repeats: int | None = opt(None, _count, "runs of the performance-gated tests per cell, interleaved production/"
                                             "candidate (default: the policy's [performance] repeats)",
                               commands=RUN_MERGE, metavar="N")
+    confirm_repeats: int | None = opt(None, _count, "when the runs so far cannot settle a gated metric (inconclusive, "
+                                                    "or a regression seen over fewer runs), run its tests again, "
+                                                    "interleaved, until N runs in all, then decide; 1 = never "
+                                                    "(default: the policy's [performance] confirm_repeats)",
+                                      commands=RUN_MERGE, metavar="N")
     reports: Path = opt("reports", _path, "reports directory", commands=RUN_MERGE)
     run_id: str | None = opt(None, str, "run id (default: time, matrix and a random suffix)", commands=RUN_MERGE)
     resume: str | None = opt(None, str, "continue a run; finished cells are skipped", metavar="RUN_ID")

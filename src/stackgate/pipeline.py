@@ -78,6 +78,8 @@ def load(opts: Options, env: Mapping[str, str], local: matrix.LocalHost) -> Load
                             platform_checks=opts.platform_checks, platform_files=PLATFORM_CHECKS)
     if opts.repeats is not None:
         policy = replace(policy, repeats=opts.repeats)
+    if opts.confirm_repeats is not None:
+        policy = replace(policy, confirm_repeats=opts.confirm_repeats)
     source = spec.source
     if opts.index_url or opts.find_links or opts.extra_index_url:
         source = replace(source, index_url=opts.index_url or source.index_url,
@@ -666,9 +668,8 @@ def _run_cells(backend: Backend, cells: tuple[Cell, ...], ctx: RunContext, done:
         with console.step(f"run {cell.id}"):
             result = _run_one(backend, cell, handle, _phase_ctx(ctx, cell, by_id), progress, say)
         results.append(ctx.run_dir, result)
-    finished = results.read(ctx.run_dir)
     if policy is not None:
-        _run_repeats(backend, ordered, by_id, finished, ctx, progress, console, handle_for, policy)
+        _run_repeats(backend, ordered, by_id, ctx, progress, console, handle_for, policy)
     finished = results.read(ctx.run_dir)
     if not opts.rollback:
         return
@@ -693,12 +694,19 @@ def _run_cells(backend: Backend, cells: tuple[Cell, ...], ctx: RunContext, done:
 
 def gated_tests(cell: Cell, found: Sequence[CellResult], policy: Policy) -> tuple[str, ...]:
     """The tests whose metrics the policy gates by their samples (not thresholds) on this cell's device."""
+    keys = {m.key for result in found for m in result.metrics if m.better != "equal"
+            and (rule := policy.metric_rule(m.name, dict(m.tags), cell.device)) is not None
+            and rule.method != "threshold"}
+    return tests_of(keys, found)
+
+
+def tests_of(keys: Collection[str], found: Sequence[CellResult]) -> tuple[str, ...]:
+    """The tests that recorded these metrics (the whole suite when a suite does not say which test did)."""
     nodeids = set()
     for result in found:
         for m in result.metrics:
-            rule = policy.metric_rule(m.name, dict(m.tags), cell.device) if m.better != "equal" else None
-            if rule is not None and rule.method != "threshold":
-                if not m.nodeid:  # a suite that does not say which test recorded it: repeat the whole suite
+            if m.key in keys:
+                if not m.nodeid:
                     return (WHOLE_SUITE,)
                 nodeids.add(m.nodeid)
     return tuple(sorted(nodeids))
@@ -707,33 +715,62 @@ def gated_tests(cell: Cell, found: Sequence[CellResult], policy: Policy) -> tupl
 WHOLE_SUITE = "*"
 
 
-def repeat_order(cells: Sequence[Cell], by_id: Mapping[str, Cell], repeats: int) -> list[tuple[int, Cell]]:
+def repeat_order(cells: Sequence[Cell], by_id: Mapping[str, Cell], rounds: range) -> list[tuple[int, Cell]]:
     """Interleaved: for each repeat r, production then its candidates (P C P C ...), pair by pair."""
     order = []
     bases = [c for c in cells if c.role is Role.PRODUCTION]
-    for r in range(1, repeats):
+    for r in rounds:
         for base in bases:
             order.append((r, base))
             order += [(r, c) for c in cells if c.role is Role.CANDIDATE and by_id.get(c.baseline) is base]
     return order
 
 
-def _run_repeats(backend: Backend, cells: Sequence[Cell], by_id: Mapping[str, Cell], finished: Mapping[str, CellResult],
-                 ctx: RunContext, progress: Progress, console: Console, handle_for: Callable[[Cell], Handle],
-                 policy: Policy) -> None:
-    if policy.repeats <= 1:
-        return
+def _run_repeats(backend: Backend, cells: Sequence[Cell], by_id: Mapping[str, Cell], ctx: RunContext,
+                 progress: Progress, console: Console, handle_for: Callable[[Cell], Handle], policy: Policy) -> None:
+    """The interleaved repeats of the performance-gated tests: `repeats` runs in all; then, for the
+    pairs whose gated metrics those runs cannot settle, runs of just those metrics' tests up to
+    `confirm_repeats` in all (decided once, on all of them: a first look can only settle a metric
+    as within tolerance, so confirmation never makes a false NO-GO likelier)."""
+    finished = results.read(ctx.run_dir)
     ran = {c.id for c in cells if c.id in finished and finished[c.id].status in (Status.PASSED, Status.FAILED)}
     pairs = [c for c in cells if c.role is Role.CANDIDATE and c.id in ran and c.baseline in ran]
     if not pairs:
         return
-    wanted = [c for c in cells if c in pairs or any(p.baseline == c.id for p in pairs)]
-    select = {c.id: gated_tests(c, [finished[c.id]] + [finished[p.id] for p in pairs if p.baseline == c.id], policy)
-              for c in wanted}
-    select = {k: v for k, v in select.items() if v}
-    console.say(f"repeats: {policy.repeats - 1} more interleaved run(s) of the performance-gated tests "
-                f"({', '.join(sorted({t for v in select.values() for t in v}))})")
-    for r, cell in repeat_order([c for c in wanted if c.id in select], by_id, policy.repeats):
+    if policy.repeats > 1:
+        select = {b.id: gated_tests(b, [finished[b.id]] + [finished[p.id] for p in pairs if p.baseline == b.id], policy)
+                  for b in cells if any(p.baseline == b.id for p in pairs)}
+        select.update({p.id: gated_tests(p, [finished[p.id], finished[p.baseline]], policy) for p in pairs})
+        select = {k: v for k, v in select.items() if v}
+        if select:
+            console.say(f"repeats: {policy.repeats - 1} more interleaved run(s) of the performance-gated tests "
+                        f"({', '.join(sorted({t for v in select.values() for t in v}))})")
+        _repeat(backend, cells, by_id, select, range(1, policy.repeats), ctx, progress, console, handle_for)
+        finished = results.read(ctx.run_dir)
+    if policy.confirm_repeats <= policy.repeats:
+        return
+    why = {p.id: gate.unsettled(p, by_id[p.baseline], finished, policy) for p in pairs}
+    select = {p.id: tests_of(why[p.id], [finished[p.id], finished[p.baseline]]) for p in pairs if why[p.id]}
+    for p in pairs:
+        if p.id in select:
+            select[p.baseline] = tuple(sorted({*select.get(p.baseline, ()), *select[p.id]}))
+    if not select:
+        return
+    console.say(f"confirm: {policy.confirm_repeats - policy.repeats} more interleaved run(s) of "
+                f"{', '.join(sorted({t for v in select.values() for t in v}))}, because the runs so far cannot "
+                "settle:")
+    for cell_id, metrics in sorted(why.items()):
+        for key, reason in sorted(metrics.items()):
+            console.say(f"  {cell_id} {key}: {reason}")
+    _repeat(backend, cells, by_id, select, range(policy.repeats, policy.confirm_repeats), ctx, progress, console,
+            handle_for)
+
+
+def _repeat(backend: Backend, cells: Sequence[Cell], by_id: Mapping[str, Cell], select: Mapping[str, tuple[str, ...]],
+            rounds: range, ctx: RunContext, progress: Progress, console: Console,
+            handle_for: Callable[[Cell], Handle]) -> None:
+    finished = results.read(ctx.run_dir)
+    for r, cell in repeat_order([c for c in cells if c.id in select], by_id, rounds):
         rid = cell.result_id(f"repeat{r}")
         earlier = finished.get(rid)
         if earlier is not None and not earlier.status.is_machinery:

@@ -73,6 +73,9 @@ class Policy:
     resamples: int = 2000
     min_samples: int = 3
     repeats: int = 1  # runs of the performance-gated tests per cell, interleaved production/candidate
+    # when `repeats` runs cannot settle a gated metric (inconclusive, or a regression not yet seen over
+    # this many runs), its tests run again, interleaved, until this many runs in all; then the gate decides
+    confirm_repeats: int = 5
     performance: tuple[MetricRule, ...] = ()
     numerics: tuple[NumericsRule, ...] = ()
     waivers: tuple[Waiver, ...] = ()
@@ -93,7 +96,8 @@ def load_policy(path: Path) -> Policy:
     req = tomlfile.get(doc, d, "required", dict, default={})
     tomlfile.check_keys(doc, req, ["cells", "tests", "candidate_tests", "all_tests", "metrics"], "required")
     perf = tomlfile.get(doc, d, "performance", dict, default={})
-    tomlfile.check_keys(doc, perf, ["confidence", "resamples", "min_samples", "repeats", "metric"], "performance")
+    tomlfile.check_keys(doc, perf, ["confidence", "resamples", "min_samples", "repeats", "confirm_repeats",
+                                     "metric"], "performance")
     rules = []
     for row in tomlfile.get(doc, perf, "metric", list, "performance", default=[]):
         tomlfile.check_keys(doc, row, ["name", "tolerance", "devices", "tags", "method"], "performance", "metric")
@@ -154,6 +158,7 @@ def load_policy(path: Path) -> Policy:
         resamples=int(_in_range(doc, perf, "resamples", 200, 1_000_000, "performance", default=2000, kind=int)),
         min_samples=int(_in_range(doc, perf, "min_samples", 1, None, "performance", default=3, kind=int)),
         repeats=int(_in_range(doc, perf, "repeats", 1, 100, "performance", default=1, kind=int)),
+        confirm_repeats=int(_in_range(doc, perf, "confirm_repeats", 1, 100, "performance", default=5, kind=int)),
         performance=tuple(rules),
         numerics=tuple(numerics),
         waivers=tuple(waivers),

@@ -5,13 +5,20 @@ from __future__ import annotations
 
 import math
 import random
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 from stackgate import calibrate, stats
+from stackgate.backends.base import Execution
+from stackgate.backends.memory import MemoryBackend, Script, answer
 from stackgate.model import Cell, GpuClass, Role, RunnerPool, Stack, Topology
 from stackgate.pipeline import repeat_order
+from stackgate.suite import NodeCommand, NodeExit
 from stackgate.versions import CudaVariant, parse_torch
+
+from .conftest import RunMemory
 
 
 def test_repeats_interleave_production_and_its_candidates() -> None:
@@ -21,9 +28,9 @@ def test_repeats_interleave_production_and_its_candidates() -> None:
               baseline=prod.id)
     c2 = Cell(Stack(parse_torch("2.14.1"), CudaVariant("cu126"), "3.11"), pool, Topology(1, 2), Role.CANDIDATE,
               baseline=prod.id)
-    order = repeat_order([prod, c1, c2], {c.id: c for c in (prod, c1, c2)}, repeats=3)
+    order = repeat_order([prod, c1, c2], {c.id: c for c in (prod, c1, c2)}, range(1, 3))
     assert [(r, c.role.value[0]) for r, c in order] == [(1, "p"), (1, "c"), (1, "c"), (2, "p"), (2, "c"), (2, "c")]
-    assert repeat_order([prod, c1], {c.id: c for c in (prod, c1)}, repeats=1) == []
+    assert repeat_order([prod, c1], {c.id: c for c in (prod, c1)}, range(1, 1)) == []
 
 
 def test_per_run_summaries_are_medians_of_each_run() -> None:
@@ -68,3 +75,96 @@ def test_calibration_arithmetic() -> None:
     assert calibrate.detectable(found.sigma, rec.repeats, rec.tolerance) <= 0.05  # enough repeats ...
     assert calibrate.detectable(found.sigma, rec.repeats - 1, rec.tolerance) > 0.05  # ... and no more
     assert calibrate.noise("x", [[1.0], [1.1]]) is None  # one pair says nothing about spread
+
+
+# Confirmation: a gated metric the first run cannot settle is measured again, interleaved, before the
+# gate decides; a performance NO-GO never rests on the steps of one run.
+
+GATED = "test_model.py::test_linear_layer_trains"
+CALM = [10.0, 10.1, 9.9, 10.0, 10.2, 9.8, 10.0, 10.1, 9.9, 10.0]
+
+
+def _timed(candidate_main: list[float], candidate_factor: float) -> Script:
+    """The plain suite's two tests pass; the gated one records step times: production's are calm, the
+    candidate's main run records `candidate_main`, each of its repeats production's times x factor."""
+    def script(command: NodeCommand, exe: Execution) -> NodeExit:
+        phase, role = command.env["STACKGATE_PHASE"], command.env["STACKGATE_ROLE"]
+        run = int(phase.removeprefix("repeat")) if phase.startswith("repeat") else 0
+        if phase == "rollback":
+            return answer(command, {"test_model.py::test_matmul_matches_numpy": "passed"})
+        base = [x * (1 + 0.01 * run) for x in CALM]  # the runner drifts between runs; pairs share the drift
+        samples = base if role == "production" else candidate_main if run == 0 else [x * candidate_factor for x in base]
+        tests = [t for t in (GATED, "test_model.py::test_matmul_matches_numpy")
+                 if run == 0 or any(a.endswith(t) for a in command.argv)]
+        return answer(command, dict.fromkeys(tests, "passed"), metrics=[
+            {"name": "work.step_time", "unit": "ms", "samples": samples, "better": "lower", "nodeid": GATED}])
+    return script
+
+
+@pytest.fixture
+def gated_policy(tmp_path: Path) -> Path:
+    path = tmp_path / "policy.toml"
+    path.write_text('[[performance.metric]]\nname = "work.step_time"\ntolerance = 0.5\n')
+    return path
+
+
+def _phases(backend: MemoryBackend) -> list[tuple[str, str]]:
+    return [(c.env["STACKGATE_ROLE"][0], c.env["STACKGATE_PHASE"]) for c in backend.executed]
+
+
+def _gated(report: dict[str, Any]) -> dict[str, Any]:
+    (found,) = [c for c in report["comparisons"] if c["metric"] == "work.step_time"]
+    return found
+
+
+def test_an_inconclusive_first_run_is_confirmed_by_interleaved_runs_of_the_gated_test_only(
+        no_subprocesses: MemoryBackend, run_memory: RunMemory, gated_policy: Path) -> None:
+    noisy = [5.0, 8.0, 30.0, 12.0, 25.0, 9.0, 18.0, 11.0, 22.0, 7.0]
+    assert stats.compare(CALM, noisy, better="lower", tolerance=0.5).outcome is stats.Outcome.INCONCLUSIVE
+    no_subprocesses.script = _timed(noisy, candidate_factor=1.1)
+    code, report, said = run_memory(policy=str(gated_policy))
+    assert _phases(no_subprocesses) == [("p", "main"), ("c", "main"), *[(r, f"repeat{n}") for n in range(1, 5)
+                                                                        for r in "pc"], ("p", "rollback")]
+    repeats = [c for c in no_subprocesses.executed if c.env["STACKGATE_PHASE"].startswith("repeat")]
+    assert all(any(a.endswith(GATED) for a in c.argv) for c in repeats)
+    assert not any(a.endswith("test_matmul_matches_numpy") for c in repeats for a in c.argv)
+    assert any(line.startswith("confirm: 4 more interleaved run(s)") for line in said)
+    assert code == 0 and report["decision"] == "GO"
+    gated = _gated(report)
+    assert gated["method"] == "paired" and gated["outcome"] == "ok"
+
+
+def test_a_regression_seen_in_one_run_is_no_go_only_when_the_repeats_confirm_it(
+        no_subprocesses: MemoryBackend, run_memory: RunMemory, gated_policy: Path) -> None:
+    slow = [x * 2 for x in CALM]
+    no_subprocesses.script = _timed(slow, candidate_factor=2.0)
+    code, report, _ = run_memory(policy=str(gated_policy))
+    assert code == 1 and report["decision"] == "NO-GO"
+    assert _gated(report)["method"] == "paired" and _gated(report)["outcome"] == "regression"
+    assert ("c", "repeat4") in _phases(no_subprocesses)
+
+
+def test_one_slow_run_that_the_repeats_do_not_reproduce_is_not_a_no_go(
+        no_subprocesses: MemoryBackend, run_memory: RunMemory, gated_policy: Path) -> None:
+    no_subprocesses.script = _timed([x * 2 for x in CALM], candidate_factor=1.05)
+    code, report, _ = run_memory(policy=str(gated_policy))
+    assert report["decision"] == "INCONCLUSIVE" and code == 1  # one run in five was 2x: the gate cannot tell
+    (reason,) = [r for r in report["reasons"] if r["kind"] == "perf-inconclusive"]
+    assert "over 5 interleaved runs" in reason["message"]
+
+
+def test_without_confirmation_one_run_decides(no_subprocesses: MemoryBackend, run_memory: RunMemory,
+                                               gated_policy: Path) -> None:
+    no_subprocesses.script = _timed([x * 2 for x in CALM], candidate_factor=1.0)
+    code, report, said = run_memory(policy=str(gated_policy), confirm_repeats="1")
+    assert code == 1 and report["decision"] == "NO-GO" and _gated(report)["method"] == "bootstrap"
+    assert _phases(no_subprocesses) == [("p", "main"), ("c", "main"), ("p", "rollback")]
+    assert not any(line.startswith("confirm:") for line in said)
+
+
+def test_a_settled_first_run_runs_nothing_more(no_subprocesses: MemoryBackend, run_memory: RunMemory,
+                                                gated_policy: Path) -> None:
+    no_subprocesses.script = _timed([x * 1.05 for x in CALM], candidate_factor=1.05)
+    code, report, _ = run_memory(policy=str(gated_policy))
+    assert code == 0 and _gated(report)["outcome"] == "ok" and _gated(report)["method"] == "bootstrap"
+    assert _phases(no_subprocesses) == [("p", "main"), ("c", "main"), ("p", "rollback")]

@@ -5,19 +5,17 @@ backend drives the whole pipeline (plan, run, collect, decide, report) without a
 from __future__ import annotations
 
 import ast
-import json
 from pathlib import Path
 
-import pytest
-
-from stackgate import bundled, matrix, pipeline, resolve, suite
+from stackgate import bundled, suite
 from stackgate.backends import memory
 from stackgate.backends.base import Execution, RunContext, run_cell
 from stackgate.backends.memory import MemoryBackend, answer
 from stackgate.model import Cell, GpuClass, Role, RunnerPool, Stack, Status, Topology
-from stackgate.options import resolve as resolve_options
 from stackgate.suite import NodeCommand, NodeExit
 from stackgate.versions import CudaVariant, parse_torch
+
+from .conftest import RunMemory
 
 ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "src" / "stackgate"
@@ -99,27 +97,8 @@ def test_an_oom_kill_travels_as_data(tmp_path: Path) -> None:
     assert [c.node for c in backend.executed] == [0, 1]
 
 
-@pytest.fixture
-def no_subprocesses(monkeypatch: pytest.MonkeyPatch) -> MemoryBackend:
-    """The pipeline with the in-memory backend: nothing resolves, builds or starts."""
-    backend = MemoryBackend()
-    monkeypatch.setattr(pipeline, "make_backend", lambda *a, **k: backend)
-    monkeypatch.setattr(resolve, "resolve_all", lambda *a, **k: {})
-    monkeypatch.setattr(matrix, "detect_local", lambda *a, **k: matrix.LocalHost())
-    return backend
-
-
-def _run(tmp_path: Path, *args: str) -> tuple[int, dict[str, object]]:
-    cli = {"suite": str(ROOT / "tests" / "data" / "plain_suite"), "run_id": "mem", "reports": str(tmp_path / "r"),
-           "cache_dir": str(tmp_path / "cache"), "backend": "venv", "platform_checks": False}
-    opts = resolve_options(cli, {}, cwd=tmp_path)
-    said: list[str] = []
-    code = pipeline.run(opts, {}, said.append)
-    return code, json.loads((tmp_path / "r" / "mem" / "report.json").read_text())
-
-
-def test_the_whole_pipeline_runs_on_the_memory_backend(no_subprocesses: MemoryBackend, tmp_path: Path) -> None:
-    code, report = _run(tmp_path)
+def test_the_whole_pipeline_runs_on_the_memory_backend(no_subprocesses: MemoryBackend, run_memory: RunMemory) -> None:
+    code, report, _ = run_memory()
     assert code == 0 and report["decision"] == "GO"
     assert {c["environment"]["backend"] for c in report["cells"]} == {"memory"}
     assert {s.label for s in no_subprocesses.prepared} == {"cpu-torch2.13.0-py3.11", "cu130-torch2.14.1-py3.11"}
@@ -129,14 +108,14 @@ def test_the_whole_pipeline_runs_on_the_memory_backend(no_subprocesses: MemoryBa
 
 
 def test_an_oom_in_the_candidate_is_no_go_on_the_memory_backend(no_subprocesses: MemoryBackend,
-                                                                  tmp_path: Path) -> None:
+                                                                  run_memory: RunMemory) -> None:
     def script(command: NodeCommand, exe: Execution) -> NodeExit:
         if exe.cell.role is Role.CANDIDATE and command.label == "suite":
             return answer(command, {}, oom_killed=True)
         return memory.all_pass(command, exe)
 
     no_subprocesses.script = script
-    code, report = _run(tmp_path)
+    code, report, _ = run_memory()
     assert code == 1 and report["decision"] == "NO-GO"
     (cand,) = [c for c in report["cells"] if c["role"] == "candidate"]
     assert cand["status"] == "oom"
