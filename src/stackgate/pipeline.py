@@ -371,7 +371,7 @@ def calibrate(opts: Options, env: Mapping[str, str], *, runs: int, target: float
                 found.append(result)
                 select = select or gated_tests(cell, found, loaded.policy)
             noise = []
-            for key in sorted({m.key for m in found[0].metrics if m.nodeid in select}):
+            for key in sorted(gated_keys(cell, found, loaded.policy)):
                 series = [next((m.samples for m in f.metrics if m.key == key), ()) for f in found]
                 measured = cal.noise(key, series)
                 if measured is not None:
@@ -692,12 +692,16 @@ def _run_cells(backend: Backend, cells: tuple[Cell, ...], ctx: RunContext, done:
         results.append(ctx.run_dir, result)
 
 
-def gated_tests(cell: Cell, found: Sequence[CellResult], policy: Policy) -> tuple[str, ...]:
-    """The tests whose metrics the policy gates by their samples (not thresholds) on this cell's device."""
-    keys = {m.key for result in found for m in result.metrics if m.better != "equal"
+def gated_keys(cell: Cell, found: Sequence[CellResult], policy: Policy) -> set[str]:
+    """The metrics the policy gates by their samples (not thresholds) on this cell's device."""
+    return {m.key for result in found for m in result.metrics if m.better != "equal"
             and (rule := policy.metric_rule(m.name, dict(m.tags), cell.device)) is not None
             and rule.method != "threshold"}
-    return tests_of(keys, found)
+
+
+def gated_tests(cell: Cell, found: Sequence[CellResult], policy: Policy) -> tuple[str, ...]:
+    """The tests that recorded the metrics the policy gates by their samples on this cell's device."""
+    return tests_of(gated_keys(cell, found, policy), found)
 
 
 def tests_of(keys: Collection[str], found: Sequence[CellResult]) -> tuple[str, ...]:

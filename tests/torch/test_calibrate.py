@@ -16,6 +16,7 @@ all_tests = true
 
 [performance]
 repeats = 2
+confirm_repeats = 2  # this test checks the fixed repeats alone
 
 [[performance.metric]]
 name = "workload.step_time"

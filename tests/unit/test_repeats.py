@@ -3,6 +3,7 @@ arithmetic, on recorded samples."""
 
 from __future__ import annotations
 
+import json
 import math
 import random
 from pathlib import Path
@@ -10,15 +11,16 @@ from typing import Any
 
 import pytest
 
-from stackgate import calibrate, stats
+from stackgate import calibrate, pipeline, stats
 from stackgate.backends.base import Execution
 from stackgate.backends.memory import MemoryBackend, Script, answer
 from stackgate.model import Cell, GpuClass, Role, RunnerPool, Stack, Topology
+from stackgate.options import resolve as resolve_options
 from stackgate.pipeline import repeat_order
 from stackgate.suite import NodeCommand, NodeExit
 from stackgate.versions import CudaVariant, parse_torch
 
-from .conftest import RunMemory
+from .conftest import ROOT, RunMemory
 
 
 def test_repeats_interleave_production_and_its_candidates() -> None:
@@ -168,3 +170,23 @@ def test_a_settled_first_run_runs_nothing_more(no_subprocesses: MemoryBackend, r
     code, report, _ = run_memory(policy=str(gated_policy))
     assert code == 0 and _gated(report)["outcome"] == "ok" and _gated(report)["method"] == "bootstrap"
     assert _phases(no_subprocesses) == [("p", "main"), ("c", "main"), ("p", "rollback")]
+
+
+def test_calibration_lists_the_gated_metrics_only(no_subprocesses: MemoryBackend, gated_policy: Path,
+                                                   tmp_path: Path) -> None:
+    def script(command: NodeCommand, exe: Execution) -> NodeExit:
+        run = int(command.env["STACKGATE_PHASE"].removeprefix("aa"))
+        return answer(command, {GATED: "passed"}, metrics=[
+            {"name": "work.step_time", "unit": "ms", "samples": [10.0 + run % 2], "better": "lower", "nodeid": GATED},
+            {"name": "work.loss", "unit": "", "samples": [0.5, 0.4], "better": "equal", "nodeid": GATED}])
+
+    no_subprocesses.script = script
+    cli = {"suite": str(ROOT / "tests" / "data" / "plain_suite"), "run_id": "cal", "reports": str(tmp_path / "r"),
+           "cache_dir": str(tmp_path / "cache"), "backend": "venv", "platform_checks": False,
+           "policy": str(gated_policy)}
+    said: list[str] = []
+    assert pipeline.calibrate(resolve_options(cli, {}, cwd=tmp_path), {}, runs=4, target=0.05, say=said.append) == 0
+    data = json.loads((tmp_path / "r" / "cal" / "calibration.json").read_text())
+    assert [m["metric"] for m in data["pools"]["local"]] == ["work.step_time"]
+    assert data["pools"]["local"][0]["pairs"] == 2 and data["pools"]["local"][0]["sigma"] == 0.0
+    assert not any("work.loss" in line for line in said)

@@ -126,7 +126,7 @@ def test_vit_fsdp2_mixed_precision_dcp_resume(dist, expect, quick, tmp_path: Pat
     nproc = int(os.environ.get("STACKGATE_NPROC_PER_NODE", "2"))
     shared = os.environ.get("STACKGATE_SHARED_DIR")
     ckpt = (Path(shared) / "vit-dcp" if shared else tmp_path / "vit-dcp")
-    cfg = {"dim": 64, "depth": 4, "steps": 8 if quick else 20, "ckpt_dir": str(ckpt),
+    cfg = {"dim": 64, "depth": 4, "steps": 8 if quick else 50, "ckpt_dir": str(ckpt),
            "param_dtype": os.environ.get("STACKGATE_PARAM_DTYPE", "bfloat16")}
     results = dist("test_vit_fsdp:train_and_resume", nproc=nproc, **cfg)
     rank0 = next((r for r in results if r["rank"] == 0), None)
