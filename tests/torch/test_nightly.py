@@ -13,6 +13,7 @@ import shutil
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,6 +28,25 @@ TEST = "test_nightly_feature.py::test_feature_that_regresses"
 
 def day(days_ago: int) -> str:
     return (TODAY - dt.timedelta(days=days_ago)).strftime("%Y%m%d")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def own_caches(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The test wheels are made anew for every session (new paths, new hashes), so each session's
+    environments and uv's copies of the wheels are new too: they live in this module's own caches and
+    go when it ends, instead of piling up in the user's (~1 GB per dated environment)."""
+    home = tmp_path_factory.mktemp("nightly-caches")
+    saved = {k: os.environ.get(k) for k in ("STACKGATE_CACHE_DIR", "UV_CACHE_DIR")}
+    os.environ.update(STACKGATE_CACHE_DIR=str(home / "stackgate"), UV_CACHE_DIR=str(home / "uv"))
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        shutil.rmtree(home, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
