@@ -32,7 +32,7 @@ devices = ["cpu"]
 """
 
 
-def trial(work: Path, suite: Path, planted: float, repeats: int, index: int) -> tuple[bool, float | None, float]:
+def trial(work: Path, suite: Path, planted: float, repeats: int, index: int) -> tuple[bool, bool, float | None, float]:
     run_id = f"p{planted}-t{index}"
     start = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "stackgate", "run", "--backend", "venv", "--suite", str(suite),
@@ -47,8 +47,9 @@ def trial(work: Path, suite: Path, planted: float, repeats: int, index: int) -> 
     data = json.loads(report.read_text())
     flagged = any(r["kind"] == "regression" and "workload.step_time" in r["message"] for r in data["reasons"]
                   if r["severity"] == "blocking")
+    unsure = any(r["kind"] == "perf-inconclusive" for r in data["reasons"] if r["severity"] == "inconclusive")
     change = next((c["change"] for c in data["comparisons"] if c["metric"] == "workload.step_time"), None)
-    return flagged, change, took
+    return flagged, unsure, change, took
 
 
 def main() -> int:
@@ -63,18 +64,20 @@ def main() -> int:
     shutil.copytree(HERE / "sensitivity_suite", suite)
     (suite / "stackgate-policy.toml").write_text(POLICY.format(repeats=args.repeats, tolerance=args.tolerance))
     plants = [float(p) for p in args.plants.split(",")]
-    rows: dict[float, list[tuple[bool, float | None, float]]] = {p: [] for p in plants}
+    rows: dict[float, list[tuple[bool, bool, float | None, float]]] = {p: [] for p in plants}
     for index in range(args.trials):  # plants interleaved, so that drift over the hour hits all of them
         for planted in plants:
             rows[planted].append(trial(work / "reports", suite, planted, args.repeats, index))
             print(f"trial {index} planted {planted:+.0%}: {rows[planted][-1]}", flush=True)
     print(f"\nrepeats {args.repeats}, tolerance {args.tolerance:.1%}, {args.trials} trials per planted change")
-    print(f"{'planted':>8} {'NO-GO rate':>11} {'median change seen':>19} {'trial time':>11}")
+    print(f"{'planted':>8} {'NO-GO rate':>11} {'INCONCLUSIVE':>13} {'median change seen':>19} {'trial time':>11}")
     for planted, found in rows.items():
-        changes = [c for _, c, _ in found if c is not None]
-        rate = sum(f for f, _, _ in found) / len(found)
-        print(f"{planted:+8.0%} {rate:11.0%} {statistics.median(changes) if changes else float('nan'):+19.1%} "
-              f"{statistics.median(t for _, _, t in found):10.0f}s")
+        changes = [c for _, _, c, _ in found if c is not None]
+        rate = sum(f for f, _, _, _ in found) / len(found)
+        unsure = sum(u for _, u, _, _ in found) / len(found)
+        print(f"{planted:+8.0%} {rate:11.0%} {unsure:13.0%} "
+              f"{statistics.median(changes) if changes else float('nan'):+19.1%} "
+              f"{statistics.median(t for _, _, _, t in found):10.0f}s")
     shutil.rmtree(work, ignore_errors=True)
     return 0
 

@@ -720,13 +720,15 @@ WHOLE_SUITE = "*"
 
 
 def repeat_order(cells: Sequence[Cell], by_id: Mapping[str, Cell], rounds: range) -> list[tuple[int, Cell]]:
-    """Interleaved: for each repeat r, production then its candidates (P C P C ...), pair by pair."""
+    """Interleaved, pair by pair, and counterbalanced: odd repeats run the candidates first, even ones
+    production first (the main run is P C), so P C | C P | P C ... : drift on the runner hits both sides,
+    and so does whatever favours the first (or second) run of a pair."""
     order = []
     bases = [c for c in cells if c.role is Role.PRODUCTION]
     for r in rounds:
         for base in bases:
-            order.append((r, base))
-            order += [(r, c) for c in cells if c.role is Role.CANDIDATE and by_id.get(c.baseline) is base]
+            group = [(r, base)] + [(r, c) for c in cells if c.role is Role.CANDIDATE and by_id.get(c.baseline) is base]
+            order += group[1:] + group[:1] if r % 2 else group
     return order
 
 

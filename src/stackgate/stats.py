@@ -125,7 +125,7 @@ def run_summaries(runs: Sequence[Sequence[float]]) -> list[float]:
 
 def paired(base_runs: Sequence[Sequence[float]], cand_runs: Sequence[Sequence[float]], *, better: str,
            tolerance: float, confidence: float = 0.95) -> Comparison:
-    """Interleaved repeats (P C P C ...): run i of production is paired with run i of the candidate,
+    """Interleaved repeats (P C | C P | ...): run i of production is paired with run i of the candidate,
     so that drift on the runner hits both. The statistic works on per-run summaries: the log ratio of
     each pair's medians, with a Student t interval over the pairs."""
     base, cand = run_summaries(base_runs), run_summaries(cand_runs)

@@ -52,4 +52,4 @@ def test_calibrate_measures_noise_and_the_report_shows_the_gates_power(tmp_path:
     results = [json.loads(line)["cell_id"] for line in (tmp_path / "reports" / "gated" / "results.jsonl")
                .read_text().splitlines()]
     assert results == ["prod-local-cpu-cpu-torch2.13.0-py3.11-1x2", "local-cpu-cpu-torch2.13.0-py3.11-1x2",
-                       "prod-local-cpu-cpu-torch2.13.0-py3.11-1x2@repeat1", "local-cpu-cpu-torch2.13.0-py3.11-1x2@repeat1"]
+                       "local-cpu-cpu-torch2.13.0-py3.11-1x2@repeat1", "prod-local-cpu-cpu-torch2.13.0-py3.11-1x2@repeat1"]

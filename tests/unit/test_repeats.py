@@ -30,8 +30,9 @@ def test_repeats_interleave_production_and_its_candidates() -> None:
               baseline=prod.id)
     c2 = Cell(Stack(parse_torch("2.14.1"), CudaVariant("cu126"), "3.11"), pool, Topology(1, 2), Role.CANDIDATE,
               baseline=prod.id)
-    order = repeat_order([prod, c1, c2], {c.id: c for c in (prod, c1, c2)}, range(1, 3))
-    assert [(r, c.role.value[0]) for r, c in order] == [(1, "p"), (1, "c"), (1, "c"), (2, "p"), (2, "c"), (2, "c")]
+    order = repeat_order([prod, c1, c2], {c.id: c for c in (prod, c1, c2)}, range(1, 4))
+    assert [(r, c.id) for r, c in order] == [(1, c1.id), (1, c2.id), (1, prod.id), (2, prod.id), (2, c1.id), (2, c2.id),
+                                             (3, c1.id), (3, c2.id), (3, prod.id)]
     assert repeat_order([prod, c1], {c.id: c for c in (prod, c1)}, range(1, 1)) == []
 
 
@@ -126,7 +127,8 @@ def test_an_inconclusive_first_run_is_confirmed_by_interleaved_runs_of_the_gated
     no_subprocesses.script = _timed(noisy, candidate_factor=1.1)
     code, report, said = run_memory(policy=str(gated_policy))
     assert _phases(no_subprocesses) == [("p", "main"), ("c", "main"), *[(r, f"repeat{n}") for n in range(1, 5)
-                                                                        for r in "pc"], ("p", "rollback")]
+                                                                        for r in ("cp" if n % 2 else "pc")],
+                                        ("p", "rollback")]
     repeats = [c for c in no_subprocesses.executed if c.env["STACKGATE_PHASE"].startswith("repeat")]
     assert all(any(a.endswith(GATED) for a in c.argv) for c in repeats)
     assert not any(a.endswith("test_matmul_matches_numpy") for c in repeats for a in c.argv)
