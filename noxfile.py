@@ -50,7 +50,7 @@ def selftest(session: nox.Session) -> None:
 def tests(session: nox.Session) -> None:
     """The harness's tests: unit tier, then the real torch tier (builds a torch venv on first use)."""
     session.install("-e", ".")
-    session.run("pytest", *(session.posargs or ["tests"]))
+    session.run("pytest", *(session.posargs or ["tests", "--durations=15"]))  # the slowest tests, so growth shows
 
 
 @nox.session(python=PYTHON)
