@@ -719,6 +719,12 @@ def tests_of(keys: Collection[str], found: Sequence[CellResult]) -> tuple[str, .
 WHOLE_SUITE = "*"
 
 
+def merge_tests(a: Sequence[str], b: Sequence[str]) -> tuple[str, ...]:
+    """Both selections of tests to repeat: the whole suite when either is."""
+    both = {*a, *b}
+    return (WHOLE_SUITE,) if WHOLE_SUITE in both else tuple(sorted(both))
+
+
 def repeat_order(cells: Sequence[Cell], by_id: Mapping[str, Cell], rounds: range) -> list[tuple[int, Cell]]:
     """Interleaved, pair by pair, and counterbalanced: odd repeats run the candidates first, even ones
     production first (the main run is P C), so P C | C P | P C ... : drift on the runner hits both sides,
@@ -758,8 +764,8 @@ def _run_repeats(backend: Backend, cells: Sequence[Cell], by_id: Mapping[str, Ce
     why = {p.id: gate.unsettled(p, by_id[p.baseline], finished, policy) for p in pairs}
     select = {p.id: tests_of(why[p.id], [finished[p.id], finished[p.baseline]]) for p in pairs if why[p.id]}
     for p in pairs:
-        if p.id in select:
-            select[p.baseline] = tuple(sorted({*select.get(p.baseline, ()), *select[p.id]}))
+        if p.id in select:  # production runs what any of its unsettled candidates needs
+            select[p.baseline] = merge_tests(select.get(p.baseline, ()), select[p.id])
     if not select:
         return
     console.say(f"confirm: {policy.confirm_repeats - policy.repeats} more interleaved run(s) of "

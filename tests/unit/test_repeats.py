@@ -16,7 +16,7 @@ from stackgate.backends.base import Execution
 from stackgate.backends.memory import MemoryBackend, Script, answer
 from stackgate.model import Cell, GpuClass, Role, RunnerPool, Stack, Topology
 from stackgate.options import resolve as resolve_options
-from stackgate.pipeline import repeat_order
+from stackgate.pipeline import WHOLE_SUITE, merge_tests, repeat_order
 from stackgate.suite import NodeCommand, NodeExit
 from stackgate.versions import CudaVariant, parse_torch
 
@@ -87,7 +87,12 @@ GATED = "test_model.py::test_linear_layer_trains"
 CALM = [10.0, 10.1, 9.9, 10.0, 10.2, 9.8, 10.0, 10.1, 9.9, 10.0]
 
 
-def _timed(candidate_main: list[float], candidate_factor: float) -> Script:
+def test_tests_to_repeat_merge_to_the_whole_suite_when_one_side_cannot_say() -> None:
+    assert merge_tests(("b::t",), ("a::t", "b::t")) == ("a::t", "b::t")
+    assert merge_tests(("a::t",), (WHOLE_SUITE,)) == (WHOLE_SUITE,)
+
+
+def _timed(candidate_main: list[float], candidate_factor: float, nodeid: str = GATED) -> Script:
     """The plain suite's two tests pass; the gated one records step times: production's are calm, the
     candidate's main run records `candidate_main`, each of its repeats production's times x factor."""
     def script(command: NodeCommand, exe: Execution) -> NodeExit:
@@ -98,9 +103,9 @@ def _timed(candidate_main: list[float], candidate_factor: float) -> Script:
         base = [x * (1 + 0.01 * run) for x in CALM]  # the runner drifts between runs; pairs share the drift
         samples = base if role == "production" else candidate_main if run == 0 else [x * candidate_factor for x in base]
         tests = [t for t in (GATED, "test_model.py::test_matmul_matches_numpy")
-                 if run == 0 or any(a.endswith(t) for a in command.argv)]
+                 if run == 0 or any(a.endswith(t) for a in command.argv) or not any("::" in a for a in command.argv)]
         return answer(command, dict.fromkeys(tests, "passed"), metrics=[
-            {"name": "work.step_time", "unit": "ms", "samples": samples, "better": "lower", "nodeid": GATED}])
+            {"name": "work.step_time", "unit": "ms", "samples": samples, "better": "lower", "nodeid": nodeid}])
     return script
 
 
@@ -192,3 +197,12 @@ def test_calibration_lists_the_gated_metrics_only(no_subprocesses: MemoryBackend
     assert [m["metric"] for m in data["pools"]["local"]] == ["work.step_time"]
     assert data["pools"]["local"][0]["pairs"] == 2 and data["pools"]["local"][0]["sigma"] == 0.0
     assert not any("work.loss" in line for line in said)
+
+
+def test_a_suite_that_does_not_say_which_test_measured_is_confirmed_whole(
+        no_subprocesses: MemoryBackend, run_memory: RunMemory, gated_policy: Path) -> None:
+    no_subprocesses.script = _timed([x * 2 for x in CALM], candidate_factor=2.0, nodeid="")
+    code, report, _ = run_memory(policy=str(gated_policy))
+    assert code == 1 and _gated(report)["method"] == "paired" and _gated(report)["outcome"] == "regression"
+    repeats = [c for c in no_subprocesses.executed if c.env["STACKGATE_PHASE"].startswith("repeat")]
+    assert len(repeats) == 8 and not any("::" in a for c in repeats for a in c.argv)  # no test selected: all of it
