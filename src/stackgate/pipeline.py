@@ -750,38 +750,46 @@ def _run_repeats(backend: Backend, cells: Sequence[Cell], by_id: Mapping[str, Ce
     if not pairs:
         return
     if policy.repeats > 1:
-        select = {b.id: gated_tests(b, [finished[b.id]] + [finished[p.id] for p in pairs if p.baseline == b.id], policy)
-                  for b in cells if any(p.baseline == b.id for p in pairs)}
-        select.update({p.id: gated_tests(p, [finished[p.id], finished[p.baseline]], policy) for p in pairs})
-        select = {k: v for k, v in select.items() if v}
+        select = _with_baselines({p: gated_tests(p, [finished[p.id], finished[p.baseline]], policy) for p in pairs})
         if select:
             console.say(f"repeats: {policy.repeats - 1} more interleaved run(s) of the performance-gated tests "
-                        f"({', '.join(sorted({t for v in select.values() for t in v}))})")
-        _repeat(backend, cells, by_id, select, range(1, policy.repeats), ctx, progress, console, handle_for)
+                        f"({_listed(select)})")
+        _repeat(backend, cells, by_id, select, range(1, policy.repeats), finished, ctx, progress, console, handle_for)
         finished = results.read(ctx.run_dir)
     if policy.confirm_repeats <= policy.repeats:
         return
     why = {p.id: gate.unsettled(p, by_id[p.baseline], finished, policy) for p in pairs}
-    select = {p.id: tests_of(why[p.id], [finished[p.id], finished[p.baseline]]) for p in pairs if why[p.id]}
-    for p in pairs:
-        if p.id in select:  # production runs what any of its unsettled candidates needs
-            select[p.baseline] = merge_tests(select.get(p.baseline, ()), select[p.id])
+    select = _with_baselines({p: tests_of(why[p.id], [finished[p.id], finished[p.baseline]]) for p in pairs})
     if not select:
         return
-    console.say(f"confirm: {policy.confirm_repeats - policy.repeats} more interleaved run(s) of "
-                f"{', '.join(sorted({t for v in select.values() for t in v}))}, because the runs so far cannot "
-                "settle:")
+    console.say(f"confirm: {policy.confirm_repeats - policy.repeats} more interleaved run(s) of {_listed(select)}, "
+                "because the runs so far cannot settle:")
     for cell_id, metrics in sorted(why.items()):
         for key, reason in sorted(metrics.items()):
             console.say(f"  {cell_id} {key}: {reason}")
-    _repeat(backend, cells, by_id, select, range(policy.repeats, policy.confirm_repeats), ctx, progress, console,
-            handle_for)
+    _repeat(backend, cells, by_id, select, range(policy.repeats, policy.confirm_repeats), finished, ctx, progress,
+            console, handle_for)
+
+
+def _with_baselines(per_candidate: Mapping[Cell, tuple[str, ...]]) -> dict[str, tuple[str, ...]]:
+    """Cell id -> tests to repeat: each candidate's own, and for each production cell what any of its
+    candidates needs (the pairs stay pairs)."""
+    select: dict[str, tuple[str, ...]] = {}
+    for cand, tests in per_candidate.items():
+        if tests:
+            select[cand.id] = tests
+            select[cand.baseline] = merge_tests(select.get(cand.baseline, ()), tests)
+    return select
+
+
+def _listed(select: Mapping[str, tuple[str, ...]]) -> str:
+    return ", ".join(sorted({t for tests in select.values() for t in tests}))
 
 
 def _repeat(backend: Backend, cells: Sequence[Cell], by_id: Mapping[str, Cell], select: Mapping[str, tuple[str, ...]],
-            rounds: range, ctx: RunContext, progress: Progress, console: Console,
+            rounds: range, finished: Mapping[str, CellResult], ctx: RunContext, progress: Progress, console: Console,
             handle_for: Callable[[Cell], Handle]) -> None:
-    finished = results.read(ctx.run_dir)
+    """Runs `rounds` of the selected tests, counterbalanced; a round already recorded (a resumed run) is kept."""
     for r, cell in repeat_order([c for c in cells if c.id in select], by_id, rounds):
         rid = cell.result_id(f"repeat{r}")
         earlier = finished.get(rid)
