@@ -11,6 +11,7 @@ import pytest
 
 from stackgate import matrix, pipeline, resolve
 from stackgate.backends.memory import MemoryBackend
+from stackgate.options import Options
 from stackgate.options import resolve as resolve_options
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,14 +28,19 @@ def no_subprocesses(monkeypatch: pytest.MonkeyPatch) -> MemoryBackend:
     return backend
 
 
+def memory_options(tmp_path: Path, **options: Any) -> Options:
+    """Options of a run of tests/data/plain_suite whose reports and caches are under tmp_path."""
+    cli = {"suite": str(ROOT / "tests" / "data" / "plain_suite"), "run_id": "mem", "reports": str(tmp_path / "r"),
+           "cache_dir": str(tmp_path / "cache"), "backend": "venv", "platform_checks": False, **options}
+    return resolve_options(cli, {}, cwd=tmp_path)
+
+
 @pytest.fixture
 def run_memory(no_subprocesses: MemoryBackend, tmp_path: Path) -> RunMemory:
     """`stackgate run` of tests/data/plain_suite on the memory backend, with extra options: (exit code,
     report.json, what it printed)."""
     def run(**options: Any) -> tuple[int, dict[str, Any], list[str]]:
-        cli = {"suite": str(ROOT / "tests" / "data" / "plain_suite"), "run_id": "mem", "reports": str(tmp_path / "r"),
-               "cache_dir": str(tmp_path / "cache"), "backend": "venv", "platform_checks": False, **options}
         said: list[str] = []
-        code = pipeline.run(resolve_options(cli, {}, cwd=tmp_path), {}, said.append)
+        code = pipeline.run(memory_options(tmp_path, **options), {}, said.append)
         return code, json.loads((tmp_path / "r" / "mem" / "report.json").read_text()), said
     return run

@@ -15,12 +15,11 @@ from stackgate import calibrate, pipeline, stats
 from stackgate.backends.base import Execution
 from stackgate.backends.memory import MemoryBackend, Script, answer
 from stackgate.model import Cell, GpuClass, Role, RunnerPool, Stack, Topology
-from stackgate.options import resolve as resolve_options
 from stackgate.pipeline import WHOLE_SUITE, merge_tests, repeat_order
 from stackgate.suite import NodeCommand, NodeExit
 from stackgate.versions import CudaVariant, parse_torch
 
-from .conftest import ROOT, RunMemory
+from .conftest import RunMemory, memory_options
 
 
 def test_repeats_interleave_production_and_its_candidates() -> None:
@@ -188,11 +187,9 @@ def test_calibration_lists_the_gated_metrics_only(no_subprocesses: MemoryBackend
             {"name": "work.loss", "unit": "", "samples": [0.5, 0.4], "better": "equal", "nodeid": GATED}])
 
     no_subprocesses.script = script
-    cli = {"suite": str(ROOT / "tests" / "data" / "plain_suite"), "run_id": "cal", "reports": str(tmp_path / "r"),
-           "cache_dir": str(tmp_path / "cache"), "backend": "venv", "platform_checks": False,
-           "policy": str(gated_policy)}
     said: list[str] = []
-    assert pipeline.calibrate(resolve_options(cli, {}, cwd=tmp_path), {}, runs=4, target=0.05, say=said.append) == 0
+    opts = memory_options(tmp_path, run_id="cal", policy=str(gated_policy))
+    assert pipeline.calibrate(opts, {}, runs=4, target=0.05, say=said.append) == 0
     data = json.loads((tmp_path / "r" / "cal" / "calibration.json").read_text())
     assert [m["metric"] for m in data["pools"]["local"]] == ["work.step_time"]
     assert data["pools"]["local"][0]["pairs"] == 2 and data["pools"]["local"][0]["sigma"] == 0.0
