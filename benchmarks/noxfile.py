@@ -1,13 +1,13 @@
 """The hand-written baseline a platform engineer would write: one venv per torch version, the same
 test files, plain pytest. (stackgate's own benchmark drives it: see bench.py.)
 
-uv does not read pip's configuration, so the wheel sources come from the environment as uv expects
+It keeps nox's defaults (virtualenv + pip, which reads the machine's pip configuration); bench.py
+also runs it with `--default-venv-backend uv`, the faster installer a team would switch to. uv does
+not read pip's configuration, so there the wheel sources come from the environment as uv expects
 (UV_FIND_LINKS, UV_EXTRA_INDEX_URL, UV_INDEX_STRATEGY), the way a CI job would set them.
 """
 
 import nox
-
-nox.options.default_venv_backend = "uv"
 
 
 @nox.session(python="3.11")

@@ -3,12 +3,15 @@ gate need (tolerance, repeats) to detect a target change?
 
 A/A: the production stack's performance-gated tests run 2k times on this runner; consecutive runs
 form pairs (as production and candidate would in interleaved repeats), and the spread of the pairs'
-log ratios (of per-run medians) is the metric's noise sigma. For a target change D the gate can
-tell with 95% confidence and ~90% power when
+log ratios (of per-run medians) is the metric's noise sigma. For a target change D that must be
+detected, and an allowed change A (< D) that must still pass, the gate can tell with 95% confidence
+and ~90% power when
 
-    tolerance = D / 2   and   (t(confidence, n-1) + z(power)) * sigma / sqrt(n) <= D / 2,
+    tolerance = A   and   (t(confidence, n-1) + z(power)) * sigma / sqrt(n) <= D - A,
 
-which gives the repeats n. The result is stored per pool in the history, and reports show the gate's
+which gives the repeats n. A change of A or less is flagged at most (1 - confidence) / 2 of the time
+whatever sigma is (the interval's lower bound must clear the tolerance), so the tolerance sits at A:
+any higher and more repeats buy the same power. The result is stored per pool in the history, and reports show the gate's
 power (the smallest change it detects with the repeats in use) from it.
 """
 
@@ -60,12 +63,15 @@ class Recommendation:
     repeats: int
 
     def describe(self, target: float) -> str:
-        return (f"{self.metric}: run-to-run noise {self.sigma:.1%}; to detect {target:.0%}: tolerance "
-                f"{self.tolerance:.1%} with repeats = {self.repeats}")
+        return (f"{self.metric}: run-to-run noise {self.sigma:.1%}; to detect {target:.1%} and pass "
+                f"{self.tolerance:.1%}: tolerance {self.tolerance:.1%} with repeats = {self.repeats}")
 
 
-def recommend(found: Noise, target: float, confidence: float = 0.95, most: int = 100) -> Recommendation:
-    tolerance = target / 2
+def recommend(found: Noise, target: float, allow: float, confidence: float = 0.95, most: int = 100) -> Recommendation:
+    """Tolerance and repeats that detect `target` (~90% power) while a change of `allow` passes."""
+    if not 0 <= allow < target:
+        raise ValueError(f"allowed change {allow} must be below the target {target}")
+    tolerance = allow
     for n in range(2, most + 1):
         if detectable(found.sigma, n, tolerance, confidence) <= target:
             return Recommendation(found.metric, found.sigma, tolerance, n)

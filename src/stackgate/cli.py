@@ -34,6 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
                                            "and the tolerance and repeats a target change needs")
     cal.add_argument("--runs", type=int, default=6, help="A/A runs (pairs are consecutive runs; default 6)")
     cal.add_argument("--target", type=float, default=0.05, help="the change to detect (default 0.05 = 5%%)")
+    cal.add_argument("--allow", type=float, help="the change that must still pass: the recommended tolerance "
+                                                 "(default a fifth of the target: 0.01 for 0.05)")
     options.add_arguments(cal, "run")
 
     bis = sub.add_parser("bisect", help="the first bad nightly between a good and a bad one (binary search by date)")
@@ -141,9 +143,12 @@ def _dispatch(args: argparse.Namespace) -> int:
             raise ConfigError(f"--runs {args.runs}: need an even number >= 4 (A/A pairs)")
         if not 0 < args.target < 1:
             raise ConfigError(f"--target {args.target}: a fraction such as 0.05")
-        cli = {k: v for k, v in vars(args).items() if k not in ("command", "runs", "target")}
+        allow = args.target / 5 if args.allow is None else args.allow
+        if not 0 <= allow < args.target:
+            raise ConfigError(f"--allow {allow}: the change that must pass must be >= 0 and below --target {args.target}")
+        cli = {k: v for k, v in vars(args).items() if k not in ("command", "runs", "target", "allow")}
         opts = options.resolve(cli, os.environ, Path("stackgate.toml"))
-        return pipeline.calibrate(opts, dict(os.environ), runs=args.runs, target=args.target)
+        return pipeline.calibrate(opts, dict(os.environ), runs=args.runs, target=args.target, allow=allow)
     if args.command == "ci":
         return _ci_github(args)
     if args.command == "compat":

@@ -331,7 +331,7 @@ def dry_run(opts: Options, env: Mapping[str, str], say: Printer | None = None) -
     return 0
 
 
-def calibrate(opts: Options, env: Mapping[str, str], *, runs: int, target: float, say: Printer | None = None) -> int:
+def calibrate(opts: Options, env: Mapping[str, str], *, runs: int, target: float, allow: float, say: Printer | None = None) -> int:
     """`stackgate calibrate`: A/A runs of the production stack on this runner (see `calibrate`)."""
     from stackgate import calibrate as cal
     console = Console(say)
@@ -352,7 +352,7 @@ def calibrate(opts: Options, env: Mapping[str, str], *, runs: int, target: float
     suite = suite_spec(opts, platform_checks=False)
     progress = Progress(say)
     ctx = RunContext(run_id=run_id, run_dir=run_dir, suite=suite, on_line=progress.line)
-    report: dict[str, Any] = {"run_id": run_id, "target": target, "runs": runs, "pools": {}}
+    report: dict[str, Any] = {"run_id": run_id, "target": target, "allow": allow, "runs": runs, "pools": {}}
     try:
         for cell in prods:
             with console.step(f"prepare {cell.stack.label}"):
@@ -376,7 +376,7 @@ def calibrate(opts: Options, env: Mapping[str, str], *, runs: int, target: float
                 measured = cal.noise(key, series)
                 if measured is not None:
                     noise.append(measured)
-            recs = [cal.recommend(n, target, loaded.policy.confidence) for n in noise]
+            recs = [cal.recommend(n, target, allow, loaded.policy.confidence) for n in noise]
             say(f"\ncalibration of pool {cell.pool.name} ({cell.stack.label}, {runs} A/A runs):")
             for rec in recs:
                 say(f"  {rec.describe(target)}")
@@ -538,14 +538,16 @@ def _power(opts: Options, loaded: Loaded, outcome: gate.GateOutcome, cells: Sequ
         noise = {p: history.calibration(opts.history, p) for p in set(pools.values())}
     except (sqlite3.Error, OSError):
         return out
+    # a performance NO-GO rests on at least `confirm_repeats` runs: a regression seen over fewer is confirmed
+    runs = max(loaded.policy.repeats, loaded.policy.confirm_repeats)
     for comparison in outcome.evidence.comparisons:
         sigma = noise.get(pools.get(comparison.cell, ""), {}).get(comparison.metric)
         if not comparison.gated or sigma is None:
             continue
         tol = comparison.comparison.tolerance
         out[f"{comparison.cell} {comparison.metric}"] = {
-            "sigma": round(sigma, 6), "repeats": loaded.policy.repeats, "tolerance": tol,
-            "detects": round(cal.detectable(sigma, loaded.policy.repeats, tol, loaded.policy.confidence), 4)}
+            "sigma": round(sigma, 6), "repeats": runs, "tolerance": tol,
+            "detects": round(cal.detectable(sigma, runs, tol, loaded.policy.confidence), 4)}
     return out
 
 

@@ -72,10 +72,14 @@ def test_calibration_arithmetic() -> None:
     assert found is not None and found.pairs == 4
     logs = [math.log(1.02), math.log(0.98), math.log(1.01), math.log(0.99)]
     assert found.sigma == pytest.approx(math.sqrt(sum(x * x for x in logs) / 3 - sum(logs) ** 2 / 12), rel=1e-9)
-    rec = calibrate.recommend(found, target=0.05)
-    assert rec.tolerance == 0.025
+    rec = calibrate.recommend(found, target=0.05, allow=0.01)
+    assert rec.tolerance == 0.01  # the allowed change: a higher tolerance only needs more repeats
     assert calibrate.detectable(found.sigma, rec.repeats, rec.tolerance) <= 0.05  # enough repeats ...
     assert calibrate.detectable(found.sigma, rec.repeats - 1, rec.tolerance) > 0.05  # ... and no more
+    wider = calibrate.recommend(found, target=0.05, allow=0.025)
+    assert wider.tolerance == 0.025 and wider.repeats > rec.repeats
+    with pytest.raises(ValueError, match="below the target"):
+        calibrate.recommend(found, target=0.05, allow=0.05)
     assert calibrate.noise("x", [[1.0], [1.1]]) is None  # one pair says nothing about spread
 
 
@@ -189,7 +193,7 @@ def test_calibration_lists_the_gated_metrics_only(no_subprocesses: MemoryBackend
     no_subprocesses.script = script
     said: list[str] = []
     opts = memory_options(tmp_path, run_id="cal", policy=str(gated_policy))
-    assert pipeline.calibrate(opts, {}, runs=4, target=0.05, say=said.append) == 0
+    assert pipeline.calibrate(opts, {}, runs=4, target=0.05, allow=0.01, say=said.append) == 0
     data = json.loads((tmp_path / "r" / "cal" / "calibration.json").read_text())
     assert [m["metric"] for m in data["pools"]["local"]] == ["work.step_time"]
     assert data["pools"]["local"][0]["pairs"] == 2 and data["pools"]["local"][0]["sigma"] == 0.0
