@@ -23,6 +23,7 @@ from packaging.version import Version
 
 from stackgate import matrix, nightly, results
 from stackgate.compat import CompatTable
+from stackgate.console import stdout_line
 from stackgate.errors import ConfigError, ExitCode
 from stackgate.model import Cell, CellResult, Role, Status
 from stackgate.options import Options
@@ -147,7 +148,7 @@ def plan(opts: Options, env: Mapping[str, str], good: str, bad: str, bisect_id: 
 
 
 def run(opts: Options, env: Mapping[str, str], *, good: str | None, bad: str | None, resume: str | None,
-        say: Callable[[str], None] = print) -> int:
+        say: Callable[[str], None] = stdout_line) -> int:
     if resume:
         home = opts.reports / resume
         if not (home / STATE).is_file():

@@ -96,6 +96,9 @@ def _raise_interrupted(signum: int, _frame: object) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    reconfigure = getattr(sys.stdout, "reconfigure", None)
+    if reconfigure is not None:  # a pipe under nox and CI: every progress line as it is printed, not per 8 KiB
+        reconfigure(line_buffering=True)
     previous = None
     if threading.current_thread() is threading.main_thread():  # SIGTERM (a CI cancel) unwinds like Ctrl-C
         previous = signal.signal(signal.SIGTERM, _raise_interrupted)

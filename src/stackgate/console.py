@@ -19,14 +19,14 @@ def elapsed(seconds: float) -> str:
     return f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
 
 
-def _stdout(text: str) -> None:
+def stdout_line(text: str) -> None:
     sys.stdout.write(text + "\n")
     sys.stdout.flush()
 
 
 class Console:
     def __init__(self, write: Printer | None = None, *, interval_s: float = 10.0) -> None:
-        self._write = write or _stdout
+        self._write = write or stdout_line
         self.interval_s = interval_s
         self._lock = threading.Lock()
         self._last = time.monotonic()
