@@ -1,4 +1,5 @@
-"""`nox -s sensitivity -- [--trials K] [--repeats N] [--tolerance T] [--plants 0,0.01,0.05,0.1]`:
+"""`nox -s sensitivity -- [--trials K] [--repeats N] [--tolerance T] [--summary best|median]
+[--plants 0,0.01,0.05,0.1]`:
 plant a known slowdown (real extra work in the candidate, see sensitivity_suite/test_workload.py)
 and run the real gate K times per planted change; print how often it says NO-GO for a regression
 of workload.step_time. Targets on this CPU machine: 5% detected in >= 90% of trials, 0% and 1%
@@ -28,6 +29,7 @@ repeats = {repeats}
 [[performance.metric]]
 name = "workload.step_time"
 tolerance = {tolerance}
+summary = "{summary}"
 devices = ["cpu"]
 """
 
@@ -58,18 +60,22 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--tolerance", type=float, default=0.025)
     ap.add_argument("--plants", default="0,0.01,0.05,0.1")
+    ap.add_argument("--summary", choices=("median", "best"), default="best",
+                    help="how each run is summarised (the metric rule's `summary`; default best)")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="stackgate-sensitivity-"))
     suite = work / "suite"
     shutil.copytree(HERE / "sensitivity_suite", suite)
-    (suite / "stackgate-policy.toml").write_text(POLICY.format(repeats=args.repeats, tolerance=args.tolerance))
+    (suite / "stackgate-policy.toml").write_text(POLICY.format(repeats=args.repeats, tolerance=args.tolerance,
+                                                                           summary=args.summary))
     plants = [float(p) for p in args.plants.split(",")]
     rows: dict[float, list[tuple[bool, bool, float | None, float]]] = {p: [] for p in plants}
     for index in range(args.trials):  # plants interleaved, so that drift over the hour hits all of them
         for planted in plants:
             rows[planted].append(trial(work / "reports", suite, planted, args.repeats, index))
             print(f"trial {index} planted {planted:+.0%}: {rows[planted][-1]}", flush=True)
-    print(f"\nrepeats {args.repeats}, tolerance {args.tolerance:.1%}, {args.trials} trials per planted change")
+    print(f"\nrepeats {args.repeats}, tolerance {args.tolerance:.1%}, summary {args.summary}, "
+          f"{args.trials} trials per planted change")
     print(f"{'planted':>8} {'NO-GO rate':>11} {'INCONCLUSIVE':>13} {'median change seen':>19} {'trial time':>11}")
     for planted, found in rows.items():
         changes = [c for _, _, c, _ in found if c is not None]

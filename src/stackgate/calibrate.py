@@ -3,16 +3,16 @@ gate need (tolerance, repeats) to detect a target change?
 
 A/A: the production stack's performance-gated tests run 2k times on this runner; consecutive runs
 form pairs (as production and candidate would in interleaved repeats), and the spread of the pairs'
-log ratios (of per-run medians) is the metric's noise sigma. For a target change D that must be
-detected, and an allowed change A (< D) that must still pass, the gate can tell with 95% confidence
-and ~90% power when
+log ratios (of per-run summaries, as the metric's rule summarises runs) is its noise sigma. For a
+target change D that must be detected, and an allowed change A (< D) that must still pass, the gate
+can tell with 95% confidence and ~90% power when
 
     tolerance = A   and   (t(confidence, n-1) + z(power)) * sigma / sqrt(n) <= D - A,
 
 which gives the repeats n. A change of A or less is flagged at most (1 - confidence) / 2 of the time
 whatever sigma is (the interval's lower bound must clear the tolerance), so the tolerance sits at A:
-any higher and more repeats buy the same power. The result is stored per pool in the history, and reports show the gate's
-power (the smallest change it detects with the repeats in use) from it.
+any higher and more repeats buy the same power. The result is stored per pool in the history, and
+reports show the gate's power (the smallest change it detects with the runs in use) from it.
 """
 
 from __future__ import annotations
@@ -30,18 +30,19 @@ POWER_Z = statistics.NormalDist().inv_cdf(0.90)
 @dataclass(frozen=True)
 class Noise:
     metric: str
-    sigma: float  # standard deviation of the log ratio of two runs' medians (A/A)
+    sigma: float  # standard deviation of the log ratio of two runs' summaries (A/A)
     pairs: int
 
     def to_json(self) -> dict[str, float | int | str]:
         return {"metric": self.metric, "sigma": round(self.sigma, 6), "pairs": self.pairs}
 
 
-def noise(metric: str, runs: Sequence[Sequence[float]]) -> Noise | None:
-    """Sigma of the A/A log ratios: runs (0, 1), (2, 3), ... are pairs."""
-    medians = stats.run_summaries(runs)
-    logs = [math.log(medians[i + 1] / medians[i]) for i in range(0, len(medians) - 1, 2)
-            if medians[i] > 0 and medians[i + 1] > 0]
+def noise(metric: str, runs: Sequence[Sequence[float]], summary: str = "median", better: str = "lower") -> Noise | None:
+    """Sigma of the A/A log ratios of the runs' summaries (as the gate summarises them): runs (0, 1),
+    (2, 3), ... are pairs."""
+    values = stats.run_summaries(runs, summary, better)
+    logs = [math.log(values[i + 1] / values[i]) for i in range(0, len(values) - 1, 2)
+            if values[i] > 0 and values[i + 1] > 0]
     if len(logs) < 2:
         return None
     return Noise(metric, statistics.stdev(logs), len(logs))

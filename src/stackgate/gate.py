@@ -322,7 +322,7 @@ def _compare(cand: Cell, base: Cell, cres: CellResult, bres: CellResult, policy:
             cmp = stats.threshold(other.samples, metric.samples, better=metric.better, tolerance=rule_p.tolerance)
         elif rule_p is not None and len(base_runs) >= 2:  # interleaved repeats: per-run summaries, paired
             cmp = stats.paired(base_runs, cand_runs, better=metric.better, tolerance=rule_p.tolerance,
-                               confidence=policy.confidence)
+                               confidence=policy.confidence, summary=rule_p.summary)
         else:
             # ungated metrics are shown, not judged: a coarser interval is enough for the report
             cmp = stats.compare(other.samples, metric.samples, better=metric.better,

@@ -370,16 +370,28 @@ def calibrate(opts: Options, env: Mapping[str, str], *, runs: int, target: float
                                      f": {result.reason[:300]}")
                 found.append(result)
                 select = select or gated_tests(cell, found, loaded.policy)
-            noise = []
+            noise, hints = [], {}
             for key in sorted(gated_keys(cell, found, loaded.policy)):
+                metric = next(m for f in found for m in f.metrics if m.key == key)
+                rule = loaded.policy.metric_rule(metric.name, dict(metric.tags), cell.device)
+                summary = rule.summary if rule is not None else "median"
                 series = [next((m.samples for m in f.metrics if m.key == key), ()) for f in found]
-                measured = cal.noise(key, series)
-                if measured is not None:
-                    noise.append(measured)
+                measured = cal.noise(key, series, summary, metric.better)
+                if measured is None:
+                    continue
+                noise.append(measured)
+                other = "best" if summary == "median" else "median"
+                alt = cal.noise(key, series, other, metric.better)
+                if alt is not None and alt.sigma < measured.sigma / 2:
+                    rec = cal.recommend(alt, target, allow, loaded.policy.confidence)
+                    hints[key] = (f"    each run's {other} sample moved {alt.sigma:.1%}: with summary = \"{other}\" "
+                                  f"in its [[performance.metric]] rule, repeats = {rec.repeats} would do")
             recs = [cal.recommend(n, target, allow, loaded.policy.confidence) for n in noise]
             say(f"\ncalibration of pool {cell.pool.name} ({cell.stack.label}, {runs} A/A runs):")
             for rec in recs:
                 say(f"  {rec.describe(target)}")
+                if rec.metric in hints:
+                    say(hints[rec.metric])
             history.record_calibration(opts.history, pool=cell.pool.name, run_id=run_id, recorded=now(),
                                        noise=[(n.metric, n.sigma, n.pairs) for n in noise])
             report["pools"][cell.pool.name] = [{**n.to_json(), "recommended_tolerance": r.tolerance,

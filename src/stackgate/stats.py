@@ -118,17 +118,21 @@ def t_quantile(confidence: float, df: int) -> float:
             + (79 * z**9 + 776 * z**7 + 1482 * z**5 - 1920 * z**3 - 945 * z) / (92160 * v**4))
 
 
-def run_summaries(runs: Sequence[Sequence[float]]) -> list[float]:
-    """One number per run: the median of its samples (steps or iterations of one process)."""
+def run_summaries(runs: Sequence[Sequence[float]], summary: str = "median", better: str = "lower") -> list[float]:
+    """One number per run (its samples are the steps or iterations of one process): their median,
+    or with `summary="best"` the best of them (the smallest if lower is better, else the largest)."""
+    if summary == "best":
+        pick = min if better == "lower" else max
+        return [pick(r) for r in runs if r]
     return [statistics.median(r) for r in runs if r]
 
 
 def paired(base_runs: Sequence[Sequence[float]], cand_runs: Sequence[Sequence[float]], *, better: str,
-           tolerance: float, confidence: float = 0.95) -> Comparison:
+           tolerance: float, confidence: float = 0.95, summary: str = "median") -> Comparison:
     """Interleaved repeats (P C | C P | ...): run i of production is paired with run i of the candidate,
     so that drift on the runner hits both. The statistic works on per-run summaries: the log ratio of
-    each pair's medians, with a Student t interval over the pairs."""
-    base, cand = run_summaries(base_runs), run_summaries(cand_runs)
+    each pair's summaries (medians, or best samples), with a Student t interval over the pairs."""
+    base, cand = run_summaries(base_runs, summary, better), run_summaries(cand_runs, summary, better)
     n = min(len(base), len(cand))
     if n < 2 or any(x <= 0 for x in (*base[:n], *cand[:n])):
         bm = statistics.median(base) if base else 0.0

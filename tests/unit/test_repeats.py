@@ -37,6 +37,23 @@ def test_repeats_interleave_production_and_its_candidates() -> None:
 
 def test_per_run_summaries_are_medians_of_each_run() -> None:
     assert stats.run_summaries([[1.0, 9.0, 2.0], [5.0], []]) == [2.0, 5.0]
+    assert stats.run_summaries([[1.0, 9.0, 2.0], [5.0]], "best", "lower") == [1.0, 5.0]
+    assert stats.run_summaries([[1.0, 9.0, 2.0], [5.0]], "best", "higher") == [9.0, 5.0]
+
+
+def test_the_best_sample_sees_through_interference_that_only_adds_time() -> None:
+    """Recorded shape (2026-12-01, this runner, A/A): a disturbed run's median moves tens of percent
+    while its fastest step does not; a real 5% slowdown moves both."""
+    calm = [1.90, 1.92, 1.95, 1.97, 2.00, 2.01, 2.02]
+    disturbed = [1.91, 2.40, 2.60, 2.70, 2.75, 2.80, 2.90]
+    base = [calm, disturbed, calm, disturbed]
+    same = [disturbed, calm, disturbed, calm]  # A/A: interference hits the other side each time
+    kw = {"better": "lower", "tolerance": 0.01}
+    assert stats.paired(base, same, **kw).outcome is stats.Outcome.INCONCLUSIVE  # medians: +-35% per pair
+    assert stats.paired(base, same, summary="best", **kw).outcome is stats.Outcome.OK
+    slower = [[x * 1.05 for x in run] for run in same]
+    best = stats.paired(base, slower, summary="best", **kw)
+    assert best.outcome is stats.Outcome.REGRESSION and best.change == pytest.approx(0.05, abs=0.01)
 
 
 def _runs(centre: float, drift: list[float], noise: float, seed: int) -> list[list[float]]:
