@@ -217,6 +217,27 @@ def test_calibration_lists_the_gated_metrics_only(no_subprocesses: MemoryBackend
     assert not any("work.loss" in line for line in said)
 
 
+def test_calibration_says_when_each_runs_best_sample_is_the_quieter_summary(
+        no_subprocesses: MemoryBackend, gated_policy: Path, tmp_path: Path) -> None:
+    """Every other A/A run is disturbed (its steps slower, its fastest step not): medians swing, best
+    samples do not, and calibrate suggests `summary = "best"` with the repeats it would need."""
+    def script(command: NodeCommand, exe: Execution) -> NodeExit:
+        run = int(command.env["STACKGATE_PHASE"].removeprefix("aa"))
+        steps = [10.0, 10.1, 10.2] + ([14.0, 15.0, 16.0] if run % 4 in (1, 2) else [10.3, 10.4, 10.5])
+        return answer(command, {GATED: "passed"}, metrics=[
+            {"name": "work.step_time", "unit": "ms", "samples": [s + 0.01 * run for s in steps], "better": "lower",
+             "nodeid": GATED}])
+
+    no_subprocesses.script = script
+    said: list[str] = []
+    opts = memory_options(tmp_path, run_id="cal", policy=str(gated_policy))
+    assert pipeline.calibrate(opts, {}, runs=8, target=0.05, allow=0.01, say=said.append) == 0
+    (found,) = json.loads((tmp_path / "r" / "cal" / "calibration.json").read_text())["pools"]["local"]
+    assert found["sigma"] > 0.1  # the rule's summary, the median: +-18% per pair
+    hint = next(line for line in said if "each run's best sample moved" in line)
+    assert 'summary = "best"' in hint and "repeats = 2 would do" in hint
+
+
 def test_a_suite_that_does_not_say_which_test_measured_is_confirmed_whole(
         no_subprocesses: MemoryBackend, run_memory: RunMemory, gated_policy: Path) -> None:
     no_subprocesses.script = _timed([x * 2 for x in CALM], candidate_factor=2.0, nodeid="")
