@@ -74,6 +74,13 @@ def nightly_run(cwd: Path, wheels: Path, *args: str) -> subprocess.CompletedProc
                      str(wheels), "--suite", str(DATA / "suite"), "--no-platform-checks", "--no-rollback", *args)
 
 
+def ctrl_c_reaches_it() -> None:
+    """A shell that starts a job in the background without job control (`cmd &` in a CI script) makes
+    it ignore SIGINT, and children inherit that: Python then installs no KeyboardInterrupt handler.
+    A user's Ctrl-C reaches a stackgate started from a terminal, so the test starts it that way."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_bisect_finds_the_planted_first_bad_date_and_the_commit_range(wheels: Path, tmp_path: Path) -> None:
     planted = day(4)  # 8 dates with +cpu wheels between the ends; the regression starts 4 days ago
     common = ("--backend", "venv", "--matrix", str(DATA / "nightly-cpu.toml"), "--find-links", str(wheels),
@@ -81,7 +88,8 @@ def test_bisect_finds_the_planted_first_bad_date_and_the_commit_range(wheels: Pa
     seen = []
     with subprocess.Popen([sys.executable, "-m", "stackgate", "bisect", "--good", f"2.15.0.dev{day(9)}", "--bad",
                            f"2.15.0.dev{day(1)}", *common, "--run-id", "b"], cwd=tmp_path, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True) as first:
+                          stderr=subprocess.STDOUT, text=True,
+                          preexec_fn=ctrl_c_reaches_it) as first:  # noqa: PLW1509 - one signal call, no locks
         assert first.stdout is not None
         for line in first.stdout:  # interrupted (Ctrl-C) as its third step starts
             seen.append(line)
