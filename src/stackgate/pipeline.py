@@ -370,7 +370,7 @@ def calibrate(opts: Options, env: Mapping[str, str], *, runs: int, target: float
                                      f": {result.reason[:300]}")
                 found.append(result)
                 select = select or gated_tests(cell, found, loaded.policy)
-            noise, hints = [], {}
+            rows = []  # (noise, recommendation, what the other per-run summary would need, or "")
             for key in sorted(gated_keys(cell, found, loaded.policy)):
                 metric = next(m for f in found for m in f.metrics if m.key == key)
                 rule = loaded.policy.metric_rule(metric.name, dict(metric.tags), cell.device)
@@ -379,23 +379,23 @@ def calibrate(opts: Options, env: Mapping[str, str], *, runs: int, target: float
                 measured = cal.noise(key, series, summary, metric.better)
                 if measured is None:
                     continue
-                noise.append(measured)
                 other = "best" if summary == "median" else "median"
                 alt = cal.noise(key, series, other, metric.better)
+                hint = ""
                 if alt is not None and alt.sigma < measured.sigma / 2:
-                    rec = cal.recommend(alt, target, allow, loaded.policy.confidence)
-                    hints[key] = (f"    each run's {other} sample moved {alt.sigma:.1%}: with summary = \"{other}\" "
-                                  f"in its [[performance.metric]] rule, repeats = {rec.repeats} would do")
-            recs = [cal.recommend(n, target, allow, loaded.policy.confidence) for n in noise]
+                    needs = cal.recommend(alt, target, allow, loaded.policy.confidence).repeats
+                    hint = (f"each run's {other} sample moved {alt.sigma:.1%}: with summary = \"{other}\" "
+                            f"in its [[performance.metric]] rule, repeats = {needs} would do")
+                rows.append((measured, cal.recommend(measured, target, allow, loaded.policy.confidence), hint))
             say(f"\ncalibration of pool {cell.pool.name} ({cell.stack.label}, {runs} A/A runs):")
-            for rec in recs:
+            for _, rec, hint in rows:
                 say(f"  {rec.describe(target)}")
-                if rec.metric in hints:
-                    say(hints[rec.metric])
+                if hint:
+                    say(f"    {hint}")
             history.record_calibration(opts.history, pool=cell.pool.name, run_id=run_id, recorded=now(),
-                                       noise=[(n.metric, n.sigma, n.pairs) for n in noise])
+                                       noise=[(n.metric, n.sigma, n.pairs) for n, _, _ in rows])
             report["pools"][cell.pool.name] = [{**n.to_json(), "recommended_tolerance": r.tolerance,
-                                                "recommended_repeats": r.repeats} for n, r in zip(noise, recs, strict=True)]
+                                                "recommended_repeats": r.repeats} for n, r, _ in rows]
     finally:
         backend.close()
     atomic_write(run_dir / "calibration.json", json.dumps(report, indent=1))
