@@ -62,10 +62,14 @@ class Recommendation:
     sigma: float
     tolerance: float
     repeats: int
+    detects: float  # the change `repeats` detect: above the target when even the most allowed are not enough
 
     def describe(self, target: float) -> str:
-        return (f"{self.metric}: run-to-run noise {self.sigma:.1%}; to detect {target:.1%} and pass "
+        text = (f"{self.metric}: run-to-run noise {self.sigma:.1%}; to detect {target:.1%} and pass "
                 f"{self.tolerance:.1%}: tolerance {self.tolerance:.1%} with repeats = {self.repeats}")
+        if self.detects > target:
+            text += f" (not enough: {self.repeats} repeats detect {self.detects:.1%}; use a quieter runner)"
+        return text
 
 
 def recommend(found: Noise, target: float, allow: float, confidence: float = 0.95, most: int = 100) -> Recommendation:
@@ -73,7 +77,5 @@ def recommend(found: Noise, target: float, allow: float, confidence: float = 0.9
     if not 0 <= allow < target:
         raise ValueError(f"allowed change {allow} must be below the target {target}")
     tolerance = allow
-    for n in range(2, most + 1):
-        if detectable(found.sigma, n, tolerance, confidence) <= target:
-            return Recommendation(found.metric, found.sigma, tolerance, n)
-    return Recommendation(found.metric, found.sigma, tolerance, most)
+    n = next((n for n in range(2, most + 1) if detectable(found.sigma, n, tolerance, confidence) <= target), most)
+    return Recommendation(found.metric, found.sigma, tolerance, n, detectable(found.sigma, n, tolerance, confidence))

@@ -95,6 +95,9 @@ def test_calibration_arithmetic() -> None:
     assert calibrate.detectable(found.sigma, rec.repeats - 1, rec.tolerance) > 0.05  # ... and no more
     wider = calibrate.recommend(found, target=0.05, allow=0.025)
     assert wider.tolerance == 0.025 and wider.repeats > rec.repeats
+    assert "not enough" not in rec.describe(0.05)
+    loud = calibrate.recommend(calibrate.Noise("x", 0.3, 10), target=0.05, allow=0.01)
+    assert loud.repeats == 100 and loud.detects > 0.05 and "not enough: 100 repeats detect" in loud.describe(0.05)
     with pytest.raises(ValueError, match="below the target"):
         calibrate.recommend(found, target=0.05, allow=0.05)
     assert calibrate.noise("x", [[1.0], [1.1]]) is None  # one pair says nothing about spread
