@@ -49,10 +49,22 @@ class ParityCheck:
 
 
 @dataclass(frozen=True)
+class Preexisting:
+    """A test that failed in the candidate and in its production baseline: not caused by the upgrade."""
+
+    cell: str
+    baseline: str
+    test: str
+    candidate: str  # the candidate's outcome and first message line
+    production: str  # production's
+
+
+@dataclass(frozen=True)
 class Evidence:
     comparisons: tuple[MetricComparison, ...] = ()
     parity: tuple[ParityCheck, ...] = ()
     new_warnings: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    preexisting: tuple[Preexisting, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -76,7 +88,11 @@ def decide(cells: Sequence[Cell], not_here: Sequence[NotHere], results: Mapping[
     candidates = [c for c in cells if c.role is Role.CANDIDATE]
     if not candidates:
         reasons.append(Reason(Severity.INCONCLUSIVE, "no candidate cell ran here", kind="no-candidate"))
+    # a production failure is judged against the candidates that ran beside it (pre-existing in each, or
+    # fixed by the upgrade); a baseline that no candidate can be compared with keeps it as its own reason
+    compared = {c.baseline for c in candidates if c.baseline in by_id and _ran_pair(c, results)}
 
+    preexisting: list[Preexisting] = []
     for cell in cells:
         result = results.get(cell.id)
         is_required = cell.id in required
@@ -85,7 +101,11 @@ def decide(cells: Sequence[Cell], not_here: Sequence[NotHere], results: Mapping[
                 reasons.append(Reason(Severity.INCONCLUSIVE, "required cell has no result (run interrupted?)",
                                       cell=cell.id, kind="missing-result"))
             continue
-        reasons += _cell_reasons(cell, result, is_required, policy)
+        baseline = results.get(cell.baseline) if cell.role is Role.CANDIDATE and _ran_pair(cell, results) else None
+        found, known = _cell_reasons(cell, result, is_required, policy, baseline=baseline,
+                                     compared=cell.id in compared)
+        reasons += found
+        preexisting += known
 
     for away in not_here:
         reasons.append(Reason(Severity.INCONCLUSIVE if away.cell.required else Severity.INFO,
@@ -137,12 +157,22 @@ def decide(cells: Sequence[Cell], not_here: Sequence[NotHere], results: Mapping[
     order = {Severity.BLOCKING: 0, Severity.INCONCLUSIVE: 1, Severity.WAIVED: 2, Severity.INFO: 3}
     reasons.sort(key=lambda r: (order[r.severity], r.cell, r.test))
     return GateOutcome(Verdict(decision, tuple(reasons)),
-                       Evidence(tuple(comparisons), tuple(parity), new_warnings))
+                       Evidence(tuple(comparisons), tuple(parity), new_warnings, tuple(preexisting)))
 
 
 def _ran(result: CellResult) -> bool:
     """The suite ran to completion (its tests passed or failed): its metrics can be compared."""
     return result.status in (Status.PASSED, Status.FAILED)
+
+
+def _ran_pair(cand: Cell, results: Mapping[str, CellResult]) -> bool:
+    """A candidate and its production baseline both ran their suites: their tests can be compared."""
+    c, b = results.get(cand.id), results.get(cand.baseline)
+    return c is not None and b is not None and _ran(c) and _ran(b)
+
+
+def _is_failure(outcome: str) -> bool:
+    return outcome in ("failed", "error")
 
 
 def _first_line(text: str) -> str:
@@ -170,8 +200,14 @@ def _rollback_reasons(cell: Cell, rollback: CellResult | None) -> list[Reason]:
     return out
 
 
-def _cell_reasons(cell: Cell, result: CellResult, is_required: bool, policy: Policy) -> list[Reason]:
+def _cell_reasons(cell: Cell, result: CellResult, is_required: bool, policy: Policy, *,
+                  baseline: CellResult | None = None, compared: bool = False) -> tuple[list[Reason], list[Preexisting]]:
+    """A cell's own reasons, and the failures it shares with its production baseline (`baseline`: the
+    partner's result, given when both ran their suites). A regression is a new failure; a test that
+    fails in both stacks is pre-existing: never blocking, and INCONCLUSIVE or not by the policy (a
+    required test failing in production is a broken baseline: INCONCLUSIVE, as ever)."""
     out: list[Reason] = []
+    known: list[Preexisting] = []
     is_prod = cell.role is Role.PRODUCTION
     # a failing baseline makes the comparison meaningless: the candidate cannot be judged
     bad = Severity.INCONCLUSIVE if is_prod else (Severity.BLOCKING if is_required else Severity.INFO)
@@ -181,21 +217,42 @@ def _cell_reasons(cell: Cell, result: CellResult, is_required: bool, policy: Pol
             result.status, f"{result.status.value} (host probe)")
         out.append(Reason(Severity.INCONCLUSIVE, f"{prefix}{what}: {result.reason}", cell=cell.id,
                           kind=f"cell-{result.status.value}"))
-        return out
+        return out, known
     if not _ran(result):
         out.append(Reason(bad, f"{prefix}cell {result.status.value}: {result.reason}", cell=cell.id,
                           kind=f"cell-{result.status.value}"))
-        return out
-    failed = [t for t in result.tests if t.outcome in ("failed", "error")]
+        return out, known
+    wanted = list(policy.required_tests) + ([] if is_prod else list(policy.candidate_tests))
+    failed = [t for t in result.tests if _is_failure(t.outcome)]
+    before = {t.name: t for t in baseline.tests} if baseline is not None else {}
     for t in failed:
+        earlier = before.get(t.name)
+        must_pass = _matches(t.name, wanted)
+        if is_prod and compared and not must_pass:
+            continue  # judged beside each candidate: pre-existing there, or fixed by the upgrade
+        if earlier is not None and _is_failure(earlier.outcome):
+            known.append(Preexisting(cell.id, cell.baseline, t.name, f"{t.outcome}: {_first_line(t.message)}",
+                                     f"{earlier.outcome}: {_first_line(earlier.message)}"))
+            severity = (Severity.INCONCLUSIVE if must_pass or policy.preexisting_failures == "inconclusive"
+                        else Severity.INFO)
+            out.append(Reason(severity if is_required else Severity.INFO,
+                              f"pre-existing failure (fails in production too, not caused by the upgrade): "
+                              f"candidate {t.outcome}: {_first_line(t.message)}; production {earlier.outcome}: "
+                              f"{_first_line(earlier.message)}", cell=cell.id, test=t.name, kind="preexisting-failure"))
+            continue
         out.append(Reason(bad, f"{prefix}{t.outcome}: {_first_line(t.message)}", cell=cell.id, test=t.name,
                           kind="failed-test"))
+    if baseline is not None:
+        now_passing = {t.name for t in result.tests if t.outcome == "passed"}
+        for t in baseline.tests:
+            if _is_failure(t.outcome) and t.name in now_passing and not _matches(t.name, list(policy.required_tests)):
+                out.append(Reason(Severity.INFO, f"fixed by the upgrade: {t.outcome} in production, passes in the "
+                                  f"candidate: {_first_line(t.message)}", cell=cell.id, test=t.name, kind="fixed"))
     if result.status is Status.FAILED and not failed:
         out.append(Reason(bad, f"{prefix}cell failed but no failing test was recorded: {result.reason or 'no reason'}",
                           cell=cell.id, kind="failed-without-test"))
     if not is_required:
-        return out
-    wanted = list(policy.required_tests) + ([] if is_prod else list(policy.candidate_tests))
+        return out, known
     for pattern in wanted:
         hits = [t for t in result.tests if _matches(t.name, [pattern])]
         if not hits:
@@ -210,7 +267,7 @@ def _cell_reasons(cell: Cell, result: CellResult, is_required: bool, policy: Pol
                    for m in result.metrics):
             out.append(Reason(Severity.INCONCLUSIVE, f"{prefix}required metric {pattern} was not recorded",
                               cell=cell.id, test=pattern, kind="missing-metric"))
-    return out
+    return out, known
 
 
 def _same_tests(cand: Cell, cres: CellResult, bres: CellResult) -> list[Reason]:

@@ -537,6 +537,15 @@ def _decide_and_report(opts: Options, env: Mapping[str, str], loaded: Loaded, ch
     say(f"\n{outcome.verdict.decision.value} (gating verdict {report.gating_verdict}, exit {code})")
     for line in why_lines(outcome.verdict):
         say(line)
+    known = outcome.evidence.preexisting
+    if known:
+        counted = "not blocking" if loaded.policy.preexisting_failures == "go" else "INCONCLUSIVE by the policy"
+        say(f"pre-existing failures ({len(known)}: they fail in production too, so the upgrade did not cause them; "
+            f"{counted}):")
+        for k in known[:5]:
+            say(f"  - {k.cell} {k.test}: candidate {k.candidate[:120]}; production {k.production[:120]}")
+        if len(known) > 5:
+            say(f"  ... and {len(known) - 5} more in report.md")
     say(f"reports: {run_dir}/report.md report.json junit.xml report.html")
     return code, history_error
 

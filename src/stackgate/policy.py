@@ -11,13 +11,15 @@ import datetime as dt
 import fnmatch
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from stackgate import tomlfile
 
 SUITE_POLICY = "stackgate-policy.toml"
 METHODS = ("bootstrap", "threshold")
 SUMMARIES = ("median", "best")
+PreexistingRule = Literal["go", "inconclusive"]
+PREEXISTING: tuple[PreexistingRule, ...] = ("go", "inconclusive")
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,9 @@ class Waiver:
 class Policy:
     path: Path | None
     inconclusive_exit_code: int = 1
+    # a test that fails in the candidate and in production is not caused by the upgrade: listed, and it
+    # leaves the verdict GO ("go", a user suite's default) or makes it INCONCLUSIVE ("inconclusive")
+    preexisting_failures: PreexistingRule = "go"
     required_cells: tuple[str, ...] = ()
     required_tests: tuple[str, ...] = ()
     candidate_tests: tuple[str, ...] = ()
@@ -98,7 +103,12 @@ def load_policy(path: Path) -> Policy:
     d = doc.data
     tomlfile.check_keys(doc, d, ["gate", "required", "performance", "numerics", "waiver"])
     gate = tomlfile.get(doc, d, "gate", dict, default={})
-    tomlfile.check_keys(doc, gate, ["inconclusive_exit_code"], "gate")
+    tomlfile.check_keys(doc, gate, ["inconclusive_exit_code", "preexisting_failures"], "gate")
+    preexisting = tomlfile.get(doc, gate, "preexisting_failures", str, "gate", default="go")
+    if preexisting not in PREEXISTING:
+        raise doc.error(f"preexisting_failures = {preexisting!r}", "gate", "preexisting_failures",
+                        hint='use "go" (a test failing in production too is listed, not held against the '
+                             'candidate) or "inconclusive"')
     req = tomlfile.get(doc, d, "required", dict, default={})
     tomlfile.check_keys(doc, req, ["cells", "tests", "candidate_tests", "all_tests", "metrics"], "required")
     perf = tomlfile.get(doc, d, "performance", dict, default={})
@@ -160,6 +170,7 @@ def load_policy(path: Path) -> Policy:
     return Policy(
         path=path,
         inconclusive_exit_code=exit_code,
+        preexisting_failures="inconclusive" if preexisting == "inconclusive" else "go",
         required_cells=tomlfile.str_list(doc, req, "cells", "required", default=[]),
         required_tests=tomlfile.str_list(doc, req, "tests", "required", default=[]),
         candidate_tests=tomlfile.str_list(doc, req, "candidate_tests", "required", default=[]),
@@ -203,6 +214,7 @@ def load_for_suite(*, suite: Path, bundled_suite: Path, config_dir: Path, explic
     return replace(bundled_policy, required_tests=platform if platform_checks else (), candidate_tests=(),
                    required_metrics=(),
                    all_tests_required=True,
+                   preexisting_failures="go",
                    origin=f"default for a user suite (no {own} found): every test collected in production must "
                           f"pass in each required candidate cell" + ("; plus the platform checks' required tests"
                                                                       if platform_checks else ""))

@@ -156,6 +156,62 @@ def r_expired_waiver(s: Situation) -> None:
                                                1),))
 
 
+USER_SUITE = replace(POLICY, required_tests=tuple(t for t in POLICY.required_tests if t.startswith("test_identity")),
+                     candidate_tests=(), required_metrics=(), all_tests_required=True, preexisting_failures="go")
+COMPILE = "test_compile.py::test_compile_matches_eager_and_captures_a_graph"
+
+
+def _fail(name: str, message: str) -> Callable[[CellResult], CellResult]:
+    return lambda r: selftest._fail_test(r, name, message)
+
+
+def r_preexisting_failure_user_suite(s: Situation) -> None:
+    """#18 item 0: a test failing in both stacks is a known failure, not a regression (user suite: GO)."""
+    s.policy = USER_SUITE
+    s.edit(s.prod, _fail(COMPILE, "AssertionError: needs pytest-xdist workers"))
+    s.edit(s.cand, _fail(COMPILE, "AssertionError: needs pytest-xdist workers"))
+
+
+def r_preexisting_error_and_failure_user_suite(s: Situation) -> None:
+    """Failed in one stack, errored in the other: both are failures that were there before."""
+    s.policy = USER_SUITE
+    s.edit(s.prod, lambda r: replace(r, status=Status.FAILED, tests=tuple(
+        replace(t, outcome="error", message="fixture 'worker_id' not found") if t.name == COMPILE else t
+        for t in r.tests)))
+    s.edit(s.cand, _fail(COMPILE, "AssertionError"))
+
+
+def r_preexisting_failure_policy_inconclusive(s: Situation) -> None:
+    s.policy = replace(USER_SUITE, preexisting_failures="inconclusive")
+    s.edit(s.prod, _fail(COMPILE, "AssertionError: known"))
+    s.edit(s.cand, _fail(COMPILE, "AssertionError: known"))
+
+
+def r_preexisting_failure_bundled_suite(s: Situation) -> None:
+    """The bundled suite's policy: a failure in production too is a broken baseline, INCONCLUSIVE."""
+    s.edit(s.prod, _fail(COMPILE, "AssertionError: known"))
+    s.edit(s.cand, _fail(COMPILE, "AssertionError: known"))
+
+
+def r_required_test_fails_in_both(s: Situation) -> None:
+    """A required test of the bundled suite failing in both: the baseline is broken (INCONCLUSIVE)."""
+    name = "test_recsys.py::test_recsys_ddp_sharded_embeddings"
+    s.edit(s.prod, _fail(name, "RuntimeError: gloo"))
+    s.edit(s.cand, _fail(name, "RuntimeError: gloo"))
+
+
+def r_new_failure_user_suite(s: Situation) -> None:
+    """Passed in production, fails in the candidate: a regression, NO-GO."""
+    s.policy = USER_SUITE
+    s.edit(s.cand, _fail(COMPILE, "AssertionError: differs from eager"))
+
+
+def r_fixed_by_the_upgrade_user_suite(s: Situation) -> None:
+    """Failed in production, passes in the candidate: the upgrade fixed it (GO, noted)."""
+    s.policy = USER_SUITE
+    s.edit(s.prod, _fail(COMPILE, "AssertionError: known"))
+
+
 def r_no_candidate(s: Situation) -> None:
     cand = s.cand
     s.cells.remove(cand)
@@ -187,6 +243,13 @@ ROWS: list[tuple[Callable[[Situation], None], Decision, str]] = [
     (r_perf_sample_nan, Decision.INCONCLUSIVE, "perf-inconclusive"),
     (r_expired_waiver, Decision.NO_GO, "failed-test"),
     (r_no_candidate, Decision.INCONCLUSIVE, "no-candidate"),
+    (r_preexisting_failure_user_suite, Decision.GO, ""),
+    (r_preexisting_error_and_failure_user_suite, Decision.GO, ""),
+    (r_preexisting_failure_policy_inconclusive, Decision.INCONCLUSIVE, "preexisting-failure"),
+    (r_preexisting_failure_bundled_suite, Decision.INCONCLUSIVE, "preexisting-failure"),
+    (r_required_test_fails_in_both, Decision.INCONCLUSIVE, "failed-test"),
+    (r_new_failure_user_suite, Decision.NO_GO, "failed-test"),
+    (r_fixed_by_the_upgrade_user_suite, Decision.GO, ""),
 ]
 
 
@@ -216,3 +279,15 @@ def test_reasons_name_outcomes_as_words() -> None:
     failing = selftest._fail_test(rec.candidate_result, "test_identity.py::test_torch_version", "AssertionError: x")
     out = gate.decide((rec.production, rec.candidate), (), rec.with_candidate(failing), POLICY, TODAY)
     assert [r.message for r in out.verdict.blocking] == ["failed: AssertionError: x"]
+
+
+def test_a_preexisting_failure_is_listed_with_both_messages() -> None:
+    s = Situation([selftest.recorded("cuda").production, selftest.recorded("cuda").candidate],
+                  dict(selftest.recorded("cuda").results))
+    r_preexisting_error_and_failure_user_suite(s)
+    out = gate.decide(tuple(s.cells), (), s.results, s.policy, TODAY)
+    [known] = out.evidence.preexisting
+    assert (known.cell, known.baseline, known.test) == (s.cand.id, s.prod.id, COMPILE)
+    assert known.candidate == "failed: AssertionError"
+    assert known.production == "error: fixture 'worker_id' not found"
+    assert [r.kind for r in out.verdict.reasons if r.test == COMPILE] == ["preexisting-failure"]

@@ -137,6 +137,13 @@ def render(report: RunReport) -> str:
         h += [f"<tr><td>{escape(r.severity.value)}</td><td><code>{escape(r.cell)}</code></td><td>{escape(r.test)}</td>"
               f"<td>{escape(r.message)}</td></tr>" for r in reasons]
         h.append("</table>")
+    known = report.evidence.preexisting
+    if known:
+        h.append("<h2>Pre-existing failures</h2><p class='muted'>failed in production too: not caused by the upgrade"
+                 "</p><table><tr><th>cell</th><th>test</th><th>candidate</th><th>production</th></tr>")
+        h += [f"<tr><td><code>{escape(k.cell)}</code></td><td>{escape(k.test)}</td><td>{escape(k.candidate)}</td>"
+              f"<td>{escape(k.production)}</td></tr>" for k in known]
+        h.append("</table>")
     for d in report.diffs:
         h.append(f"<h2>What changed</h2><p class='muted'>{escape(d.production_cell)} → {escape(d.candidate_cell)}</p>"
                  "<table><tr><th></th><th>production</th><th>candidate</th></tr>")

@@ -17,6 +17,8 @@
     stack_diff: [{production_cell, candidate_cell, facts: [{what, production, candidate}],
                   packages: [{name, production, candidate, kind}]}]
     new_warnings: {cell: [warning]}
+    preexisting_failures: [{cell, baseline, test, candidate, production}]   -- failed in both stacks:
+                   not caused by the upgrade (reasons of kind "preexisting-failure")
     trends: {metric: [[run_id, value]]}
     host_probe: {pool: {status, evidence, facts}}   -- the runner checked against its pool's declaration
 """
@@ -82,6 +84,8 @@ def to_json(report: RunReport, exit_code: int) -> dict[str, Any]:
             for d in report.diffs
         ],
         "new_warnings": {k: list(v) for k, v in ev.new_warnings.items()},
+        "preexisting_failures": [{"cell": k.cell, "baseline": k.baseline, "test": k.test, "candidate": k.candidate,
+                                  "production": k.production} for k in ev.preexisting],
         "trends": {k: [list(p) for p in v] for k, v in report.trends.items()},
         "host_probe": dict(report.host_probe),
         "power": dict(report.power),

@@ -68,7 +68,10 @@ def render(report: RunReport) -> ET.ElementTree:
         _suite(root, cell.id, result, totals)
     for rollback in report.rollbacks:  # production reading each candidate's artifacts
         _suite(root, rollback.cell_id, rollback, totals)
-    for group, items in (("not-run-here", [(n.cell.id, n.reason) for n in report.not_here]),
+    known = [(f"{k.cell} {k.test}", f"pre-existing failure (fails in production too): candidate {k.candidate}; "
+                                     f"production {k.production}") for k in report.evidence.preexisting]
+    for group, items in (("preexisting-failures", known),
+                         ("not-run-here", [(n.cell.id, n.reason) for n in report.not_here]),
                          ("pruned", [(p.cell.id, "; ".join(p.reasons)) for p in report.pruned])):
         if not items:
             continue

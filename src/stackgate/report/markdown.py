@@ -35,6 +35,13 @@ def render(report: RunReport) -> str:
         lines += [f"| {r.severity.value} | {md_escape(r.cell)} | {md_escape(r.test)} | {md_escape(r.message)} |"
                   for r in blocking]
         lines.append("")
+    known = report.evidence.preexisting
+    if known:
+        lines += ["## Pre-existing failures (fail in production too: not caused by the upgrade)", "",
+                  "| cell | test | candidate | production |", "|---|---|---|---|"]
+        lines += [f"| {md_escape(k.cell)} | {md_escape(k.test)} | {md_escape(k.candidate)} | {md_escape(k.production)} |"
+                  for k in known]
+        lines.append("")
     for d in report.diffs:
         lines += [f"## What changed: {md_escape(d.production_cell)} → {md_escape(d.candidate_cell)}", "",
                   "| | production | candidate |", "|---|---|---|"]
@@ -120,7 +127,8 @@ def render(report: RunReport) -> str:
         for metric, points in report.trends.items():
             lines.append(f"- {md_escape(metric)}: " + " → ".join(f"{value:.4g}" for _, value in points))
         lines.append("")
-    info = [r for r in v.reasons if r.severity is Severity.INFO and r.kind not in ("new-warning", "not-run-here")]
+    info = [r for r in v.reasons if r.severity is Severity.INFO and r.kind not in ("new-warning", "not-run-here",
+                                                                                     "preexisting-failure")]
     if info:
         lines += ["## Notes", ""] + [f"- {md_escape(r.cell)}: {md_escape(r.message)}" for r in info] + [""]
     return "\n".join(lines)
