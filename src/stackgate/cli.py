@@ -142,8 +142,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         return bisect.run(opts, dict(os.environ), good=args.good, bad=args.bad, resume=args.resume)
     if args.command == "calibrate":
         from stackgate import pipeline
-        if args.runs < 4 or args.runs % 2:
-            raise ConfigError(f"--runs {args.runs}: need an even number >= 4 (A/A pairs)")
+        if not 4 <= args.runs <= 200 or args.runs % 2:
+            raise ConfigError(f"--runs {args.runs}: need an even number from 4 to 200 (A/A pairs)")
         if not 0 < args.target < 1:
             raise ConfigError(f"--target {args.target}: a fraction such as 0.05")
         allow = args.target / 5 if args.allow is None else args.allow

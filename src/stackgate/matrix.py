@@ -40,6 +40,9 @@ from stackgate.model import (
 from stackgate.versions import CudaVariant, Driver, parse_driver, parse_python, parse_torch
 
 _TOPOLOGY = re.compile(r"^(\d+)x(\d+)$")
+MAX_NODES = 4096  # nodes of a pool, and of a topology
+MAX_GPUS_PER_NODE = 128
+MAX_PROCS_PER_NODE = 1024
 _DATACENTER = re.compile(r"\b(A100|A800|A10G?|A30|A40|H100|H800|H200|GH200|H20|B100|B200|B300|GB200|GB300|L4|L20|"
                          r"L40S?|T4|V100)\b", re.I)
 
@@ -160,8 +163,12 @@ def load_pools(path: Path, local: LocalHost) -> dict[str, RunnerPool]:
             raise doc.error(f"pool name {name!r} must be lower-case letters, digits and '-'", "pool", name)
         tomlfile.check_keys(doc, row, keys, "pool", name)
         nodes = tomlfile.get(doc, row, "nodes", int, "pool", name, default=1)
-        if nodes < 1:
-            raise doc.error(f"pool {name}: nodes = {nodes}; a pool has at least one node", "pool", name, "nodes")
+        if not 1 <= nodes <= MAX_NODES:
+            raise doc.error(f"pool {name}: nodes = {nodes}; a pool has 1 to {MAX_NODES} nodes", "pool", name, "nodes")
+        gpus = tomlfile.get(doc, row, "gpus_per_node", int, "pool", name, default=0)
+        if not 0 <= gpus <= MAX_GPUS_PER_NODE:
+            raise doc.error(f"pool {name}: gpus_per_node = {gpus}; must be between 0 and {MAX_GPUS_PER_NODE}",
+                            "pool", name, "gpus_per_node")
         runs_on = tomlfile.str_list(doc, row, "runs_on", "pool", name, default=[])
         detect = tomlfile.get(doc, row, "detect", bool, "pool", name, default=False)
         slurm = _slurm(doc, row, name)
@@ -183,7 +190,7 @@ def load_pools(path: Path, local: LocalHost) -> dict[str, RunnerPool]:
             gpu_class=_parse(doc, GpuClass, tomlfile.get(doc, row, "gpu_class", str, "pool", name, default="none"),
                              "pool", name, "gpu_class"),
             gpu=tomlfile.get(doc, row, "gpu", str, "pool", name, default=""),
-            gpus_per_node=tomlfile.get(doc, row, "gpus_per_node", int, "pool", name, default=0),
+            gpus_per_node=gpus,
             transport=transport,
             nodes=nodes,
             runs_on=runs_on,
@@ -239,8 +246,8 @@ def load_matrix(path: Path) -> MatrixSpec:
                         hint='use "last-green" (the nightly channel runs the last green nightly when the newest '
                              "fails a guard), or leave it out")
     gpu = AxisSet(
-        cuda=tuple(_parse(doc, CudaVariant.parse, v, "matrix", "cuda") for v in tomlfile.str_list(doc, m, "cuda", "matrix")),
-        topology=tuple(_topology_word(doc, t, "matrix") for t in tomlfile.str_list(doc, m, "topology", "matrix", default=["node"])),
+        cuda=tuple(_parse(doc, CudaVariant.parse, v, "matrix", "cuda") for v in tomlfile.str_list(doc, m, "cuda", "matrix", nonempty=True)),
+        topology=tuple(_topology_word(doc, t, "matrix") for t in tomlfile.str_list(doc, m, "topology", "matrix", default=["node"], nonempty=True)),
     )
     cpu_row = tomlfile.get(doc, m, "cpu", dict, "matrix", default={})
     tomlfile.check_keys(doc, cpu_row, ["cuda", "topology"], "matrix", "cpu")
@@ -250,7 +257,7 @@ def load_matrix(path: Path) -> MatrixSpec:
         topology=tuple(_topology_word(doc, t, "matrix", "cpu")
                        for t in tomlfile.str_list(doc, cpu_row, "topology", "matrix", "cpu", default=["1x2"])),
     )
-    torch = tomlfile.str_list(doc, m, "torch", "matrix")
+    torch = tomlfile.str_list(doc, m, "torch", "matrix", nonempty=True)
     for t in torch:
         if t != "nightly":
             _parse(doc, parse_torch, t, "matrix", "torch")
@@ -273,9 +280,9 @@ def load_matrix(path: Path) -> MatrixSpec:
         path=path,
         name=tomlfile.get(doc, m, "name", str, "matrix", default=path.stem),
         channel=channel,
-        pools=tomlfile.str_list(doc, m, "pools", "matrix"),
+        pools=tomlfile.str_list(doc, m, "pools", "matrix", nonempty=True),
         torch=torch,
-        python=tuple(_parse(doc, parse_python, p, "matrix", "python") for p in tomlfile.str_list(doc, m, "python", "matrix")),
+        python=tuple(_parse(doc, parse_python, p, "matrix", "python") for p in tomlfile.str_list(doc, m, "python", "matrix", nonempty=True)),
         gpu_axes=gpu,
         cpu_axes=cpu,
         required=tomlfile.str_list(doc, m, "required", "matrix", default=[]),
@@ -312,8 +319,9 @@ def _nth_header_line(doc: tomlfile.Doc, kind: str, index: int) -> int | None:
 
 def _topology_word(doc: tomlfile.Doc, word: str, *where: str) -> str:
     match = _TOPOLOGY.match(word)
-    if match and (int(match.group(1)) < 1 or int(match.group(2)) < 1):
-        raise doc.error(f"topology {word!r} needs at least one node and one process per node", *where, "topology",
+    if match and not (1 <= int(match.group(1)) <= MAX_NODES and 1 <= int(match.group(2)) <= MAX_PROCS_PER_NODE):
+        raise doc.error(f"topology {word!r} needs at least one node and one process per node, and at most "
+                        f"{MAX_NODES} nodes and {MAX_PROCS_PER_NODE} processes per node", *where, "topology",
                         hint="for example 1x2 or 2x8")
     if word in ("node", "pool") or match:
         return word
@@ -424,6 +432,7 @@ def expand(
         if prod.id in cells:  # the pair is computed here, once; a pruned baseline leaves it empty
             cells[candidate.id] = replace(cells[candidate.id], baseline=prod.id)
 
+    unmatched_globs(spec.required, [*cells], [*pruned.values()], where=(spec.path, spec.doc.line_of("matrix", "required")))
     ordered = sorted(cells.values(), key=lambda c: (c.pool.name, str(c.topology), c.role is Role.CANDIDATE, c.id))
     here = tuple(c for c in ordered if c.pool.is_local)
     away = tuple(
@@ -467,11 +476,33 @@ def _admit(cell: Cell, table: compat_mod.CompatTable, required: Iterable[str], c
 
 # -------------------------------------------------------------------------------------------- select
 
-def require(expansion: Expansion, globs: Sequence[str]) -> Expansion:
+def unmatched_globs(globs: Sequence[str], ids: Sequence[str], pruned: Sequence[Pruned],
+                    where: tuple[Path | None, int | None]) -> None:
+    """Every `required` glob names at least one cell of the expanded matrix (before any selection),
+    or the run stops: a typo must never quietly make nothing required (a false GO)."""
+    for glob in globs:
+        if any(fnmatch.fnmatchcase(i, glob) for i in ids):
+            continue
+        gone = [p for p in pruned if fnmatch.fnmatchcase(p.cell.id, glob)]
+        if gone:
+            raise ConfigError(f"required = {glob!r} matches only pruned cells: {gone[0].cell.id} "
+                              f"({'; '.join(gone[0].reasons)})", path=where[0], line=where[1],
+                              hint="a required cell must be able to exist: fix the matrix axes or the glob")
+        prefixes = sorted({"-".join(i.split("-")[:k]) + "-*" for i in ids for k in range(1, len(i.split("-")))})
+        close = difflib.get_close_matches(glob, [*prefixes, *ids], n=3, cutoff=0.5)
+        hint = f"did you mean {' or '.join(repr(c) for c in close)}? " if close else ""
+        raise ConfigError(f"required = {glob!r} matches no cell of the matrix", path=where[0], line=where[1],
+                          hint=hint + f"cells: {', '.join(sorted(ids)[:6])}" + (" ..." if len(ids) > 6 else ""))
+
+
+def require(expansion: Expansion, globs: Sequence[str], where: tuple[Path | None, int | None] = (None, None)
+            ) -> Expansion:
     """Mark the cells the policy requires (`[required] cells` globs), once, so that the gate and the
-    report agree on what "required" means. A required candidate's baseline is required too."""
+    report agree on what "required" means. A required candidate's baseline is required too. A glob
+    that matches no cell is an error (see `unmatched_globs`)."""
     if not globs:
         return expansion
+    unmatched_globs(globs, [c.id for c in expansion.all_cells], expansion.pruned, where)
 
     def mark(cells: Sequence[Cell]) -> dict[str, Cell]:
         out = {c.id: replace(c, required=True) if any(fnmatch.fnmatchcase(c.id, g) for g in globs) else c

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -48,17 +49,24 @@ def _choice(*allowed: str) -> Callable[[Any], str]:
     return parse
 
 
-def _positive(v: Any) -> float:
+MAX_TIMEOUT_S = 7 * 24 * 3600.0
+
+
+def _seconds(v: Any) -> float:
+    """A timeout in seconds: finite, above 0 and at most a week (NaN and inf compare false with every
+    bound, so they are refused by name)."""
     x = float(v)
-    if x <= 0:
-        raise ValueError("must be > 0")
+    if not math.isfinite(x):
+        raise ValueError("must be a finite number of seconds")
+    if not 0 < x <= MAX_TIMEOUT_S:
+        raise ValueError(f"must be > 0 and at most {MAX_TIMEOUT_S:.0f} (a week)")
     return x
 
 
 def _days(v: Any) -> int:
     n = int(v)
-    if n < 0:
-        raise ValueError("must be 0 or more days")
+    if not 0 <= n <= 36500:
+        raise ValueError("must be 0 to 36500 days")
     return n
 
 
@@ -121,7 +129,7 @@ class Settings:
     only: tuple[str, ...] = opt((), _list, "run only cells matching (repeatable)", repeat=True, metavar="GLOB")
     shard: str | None = opt(None, str, "run shard I of N (pairs of cells stay together)", metavar="I/N")
     profile: str = opt("default", _choice("default", "quick"), "suite profile", commands=RUN_MERGE)
-    timeout: float = opt(1800.0, _positive, "per-cell timeout in seconds")
+    timeout: float = opt(1800.0, _seconds, "per-cell timeout in seconds (at most a week)")
     repeats: int | None = opt(None, _count, "runs of the performance-gated tests per cell, interleaved production/"
                                             "candidate (default: the policy's [performance] repeats)",
                               commands=RUN_MERGE, metavar="N")

@@ -114,7 +114,8 @@ def expand(loaded: Loaded, pools: Mapping[str, RunnerPool] | None = None) -> mat
     resolved once from the matrix globs and the policy."""
     expansion = matrix.expand(loaded.spec, pools if pools is not None else loaded.pools, loaded.production,
                               loaded.table, torch_versions=loaded.torch, source=loaded.source)
-    return matrix.require(expansion, loaded.policy.required_cells)
+    return matrix.require(expansion, loaded.policy.required_cells,
+                          where=(loaded.policy.path, loaded.policy.required_cells_line))
 
 
 def suite_spec(opts: Options, *, platform_checks: bool) -> SuiteSpec:

@@ -75,6 +75,7 @@ class Policy:
     # leaves the verdict GO ("go", a user suite's default) or makes it INCONCLUSIVE ("inconclusive")
     preexisting_failures: PreexistingRule = "go"
     required_cells: tuple[str, ...] = ()
+    required_cells_line: int | None = None  # where `[required] cells` is written, for errors
     required_tests: tuple[str, ...] = ()
     candidate_tests: tuple[str, ...] = ()
     all_tests_required: bool = False  # every test the production cell ran must pass in the candidate too
@@ -172,6 +173,7 @@ def load_policy(path: Path) -> Policy:
         inconclusive_exit_code=exit_code,
         preexisting_failures="inconclusive" if preexisting == "inconclusive" else "go",
         required_cells=tomlfile.str_list(doc, req, "cells", "required", default=[]),
+        required_cells_line=doc.line_of("required", "cells") if "cells" in req else None,
         required_tests=tomlfile.str_list(doc, req, "tests", "required", default=[]),
         candidate_tests=tomlfile.str_list(doc, req, "candidate_tests", "required", default=[]),
         all_tests_required=tomlfile.get(doc, req, "all_tests", bool, "required", default=False),

@@ -7,6 +7,7 @@ a key, so that errors read `matrix/upgrade.toml:12: unknown key 'pols' (did you 
 from __future__ import annotations
 
 import difflib
+import math
 import re
 import sys
 from collections.abc import Iterable, Mapping
@@ -113,11 +114,19 @@ def get(doc: Doc, table: Mapping[str, Any], key: str, kind: type | tuple[type, .
     if not ok:
         names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
         raise doc.error(f"'{key}' must be {names}, got {type(value).__name__} {value!r}", *where, key)
+    if isinstance(value, float) and not math.isfinite(value):  # TOML spells nan and inf; no setting means them
+        raise doc.error(f"'{key}' = {value!r} is not a finite number", *where, key,
+                        hint="give a finite number within the documented range")
     return value
 
 
-def str_list(doc: Doc, table: Mapping[str, Any], key: str, *where: str, default: Any = ...) -> tuple[str, ...]:
+def str_list(doc: Doc, table: Mapping[str, Any], key: str, *where: str, default: Any = ...,
+             nonempty: bool = False) -> tuple[str, ...]:
+    """A string or a list of strings; `nonempty`: an empty list is an error (an axis with no value
+    expands to no cell at all)."""
     value = get(doc, table, key, (list, str), *where, default=default)
+    if nonempty and value == []:
+        raise doc.error(f"'{key}' is an empty list", *where, key, hint=f"give at least one value for '{key}'")
     if value is default and default is not ...:
         return tuple(default) if isinstance(default, (list, tuple)) else default
     if isinstance(value, str):

@@ -85,3 +85,36 @@ def test_nvidia_smi_parsing() -> None:
     assert matrix.parse_nvidia_smi("575.51.03, NVIDIA GeForce RTX 4090\n").gpu_class.value == "consumer"
     assert matrix.parse_nvidia_smi("").driver is None
     assert matrix.parse_nvidia_smi("ERR!, NVIDIA H100\n").driver is None
+
+
+def _expand_file(path: Path, local: matrix.LocalHost = CPU) -> matrix.Expansion:
+    table = compat.load_compat(ROOT / "matrix" / "compat.toml")
+    prod = matrix.load_production(ROOT / "matrix" / "production.toml")
+    pools = matrix.load_pools(ROOT / "matrix" / "fleet.toml", local)
+    return matrix.expand(matrix.load_matrix(path), pools, prod, table, torch_versions=[parse_torch("2.14.1")])
+
+
+def test_a_required_glob_that_matches_no_cell_is_an_error_with_did_you_mean(tmp_path: Path) -> None:
+    """#18 item 1: `required = ["lcoal-*"]` (a typo) made nothing required, and a failing candidate GO."""
+    text = (ROOT / "matrix" / "upgrade.toml").read_text().replace('required = ["local-*"]', 'required = ["lcoal-*"]')
+    assert "lcoal-*" in text
+    path = tmp_path / "upgrade.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        _expand_file(path)
+    assert "required = 'lcoal-*' matches no cell of the matrix" in str(info.value)
+    assert info.value.line == next(i for i, line in enumerate(text.splitlines(), 1) if "lcoal-*" in line)
+    assert info.value.hint is not None and "did you mean 'local-*'" in info.value.hint
+
+
+def test_a_required_glob_of_the_policy_that_matches_no_cell_is_an_error(tmp_path: Path) -> None:
+    expansion = _expand("upgrade.toml", CPU)
+    policy_file = tmp_path / "policy.toml"
+    with pytest.raises(ConfigError) as info:
+        matrix.require(expansion, ["b300-*"], where=(policy_file, 3))
+    assert f"{policy_file}:3:" in str(info.value) and "matches no cell" in str(info.value)
+    # a glob that names a cell for another pool (not run here) is fine: it matches the expanded matrix
+    away = _expand("upgrade.toml", CPU).not_here
+    if away:
+        matrix.require(expansion, [away[0].cell.id])
+    assert matrix.require(expansion, ["local-*"]).cells

@@ -124,3 +124,61 @@ def test_suite_env_pairs() -> None:
         parse_suite_env(("NOVALUE",))
     opts = options.resolve({}, {"STACKGATE_SUITE_ENV": "A=1 2\nB=3"})
     assert opts.suite_env == ("A=1 2", "B=3")
+
+
+# ---- issue 18 item 2: every number is finite and inside its documented range, or exit 2 with where
+
+@pytest.mark.parametrize(("text", "line", "words"), [
+    ("[[numerics.metric]]\nname = '*.loss'\nrtol = nan\n", 3, "'rtol' = nan is not a finite number"),
+    ("[performance]\nconfidence = nan\n", 2, "'confidence' = nan is not a finite number"),
+    ("[[performance.metric]]\nname = 'x'\ntolerance = inf\n", 3, "'tolerance' = inf is not a finite number"),
+    ("[[numerics.metric]]\nname = 'x'\natol = -inf\n", 3, "not a finite number"),
+    ("[performance]\nconfidence = 1.5\n", 2, "out of range"),
+])
+def test_non_finite_and_out_of_range_policy_numbers_name_file_and_line(tmp_path: Path, text: str, line: int,
+                                                                       words: str) -> None:
+    path = _write(tmp_path, text, "policy.toml")
+    with pytest.raises(ConfigError) as info:
+        policy.load_policy(path)
+    assert words in str(info.value) and info.value.line == line and str(path) in str(info.value)
+
+
+@pytest.mark.parametrize(("row", "words"), [
+    ("gpus_per_node = -8", "gpus_per_node = -8; must be between 0 and 128"),
+    ("gpus_per_node = 100000000000000000000", "gpus_per_node"),
+    ("nodes = 0", "1 to 4096 nodes"),
+])
+def test_fleet_counts_have_ranges(tmp_path: Path, row: str, words: str) -> None:
+    path = _write(tmp_path, f"[pool.p5]\ndriver = '580.65.06'\ngpu_class = 'datacenter'\n{row}\n", "fleet.toml")
+    with pytest.raises(ConfigError) as info:
+        matrix.load_pools(path, matrix.LocalHost())
+    assert words in str(info.value) and info.value.line == 4
+
+
+MATRIX = "[matrix]\npools = ['local']\ntorch = ['2.14.1']\ncuda = ['cu130']\npython = ['3.11']\n"
+
+
+@pytest.mark.parametrize(("text", "line", "words"), [
+    (MATRIX + "topology = ['1x99999999999999999999']\n", 6, "at most 4096 nodes and 1024 processes per node"),
+    (MATRIX.replace("['2.14.1']", "[]"), 3, "'torch' is an empty list"),
+    (MATRIX.replace("['local']", "[]"), 2, "'pools' is an empty list"),
+])
+def test_matrix_axes_are_never_empty_or_absurd(tmp_path: Path, text: str, line: int, words: str) -> None:
+    path = _write(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        matrix.load_matrix(path)
+    assert words in str(info.value) and info.value.line == line
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "0", "1e9"])
+def test_timeout_must_be_finite_and_in_range_from_cli_and_env(value: str) -> None:
+    with pytest.raises(ConfigError, match="--timeout"):
+        options.resolve({"timeout": value}, {})
+    with pytest.raises(ConfigError, match="STACKGATE_TIMEOUT"):
+        options.resolve({}, {"STACKGATE_TIMEOUT": value})
+
+
+def test_timeout_nan_in_stackgate_toml(tmp_path: Path) -> None:
+    project = _write(tmp_path, "[run]\ntimeout = nan\n", "stackgate.toml")
+    with pytest.raises(ConfigError, match="timeout"):
+        options.resolve({}, {}, project)
