@@ -180,7 +180,7 @@ def load_policy(path: Path) -> Policy:
         required_metrics=tomlfile.str_list(doc, req, "metrics", "required", default=[]),
         origin=str(path),
         confidence=confidence,
-        resamples=int(_in_range(doc, perf, "resamples", 200, 1_000_000, "performance", default=2000, kind=int)),
+        resamples=int(_in_range(doc, perf, "resamples", 200, 20_000, "performance", default=2000, kind=int)),
         min_samples=int(_in_range(doc, perf, "min_samples", 1, None, "performance", default=3, kind=int)),
         repeats=int(_in_range(doc, perf, "repeats", 1, 100, "performance", default=1, kind=int)),
         confirm_repeats=int(_in_range(doc, perf, "confirm_repeats", 1, 100, "performance", default=5, kind=int)),

@@ -17,6 +17,49 @@ from pathlib import Path
 from stackgate.errors import InfraError
 
 TAIL_LINES = 200
+# A log file keeps the head and the tail of what a process printed (README "Contract"): the first
+# LOG_HEAD_BYTES, then a line saying how much was left out, then the last LOG_TAIL_BYTES. Lines longer
+# than LINE_BYTES arrive in pieces of that size.
+LOG_HEAD_BYTES = 8 << 20
+LOG_TAIL_BYTES = 2 << 20
+LINE_BYTES = 64 << 10
+
+
+class CappedLog:
+    """The head and the tail of a process's output, in a file."""
+
+    def __init__(self, path: Path, argv: Sequence[str] = ()) -> None:
+        self.fh = path.open("a", encoding="utf-8", errors="replace")
+        if argv:
+            self.fh.write(f"$ {shlex.join(argv)}\n")
+            self.fh.flush()
+        self.written = 0
+        self.omitted = 0
+        self.tail: collections.deque[str] = collections.deque()
+        self.tail_bytes = 0
+
+    def write(self, line: str) -> None:
+        size = len(line) + 1
+        if self.written + size <= LOG_HEAD_BYTES and not self.tail:
+            self.fh.write(line + "\n")
+            self.written += size
+            return
+        self.tail.append(line)
+        self.tail_bytes += size
+        while self.tail_bytes > LOG_TAIL_BYTES and self.tail:
+            dropped = self.tail.popleft()
+            self.tail_bytes -= len(dropped) + 1
+            self.omitted += len(dropped) + 1
+
+    def close(self) -> None:
+        if self.omitted:
+            self.fh.write(f"[stackgate] {self.omitted} bytes of output left out here (a log keeps its first "
+                          f"{LOG_HEAD_BYTES} and last {LOG_TAIL_BYTES} bytes)\n")
+        for line in self.tail:
+            self.fh.write(line + "\n")
+        self.fh.close()
+
+
 _LIVE: set[subprocess.Popen[str]] = set()  # every process group started by `run` and not yet reaped
 _LIVE_LOCK = threading.Lock()
 
@@ -47,10 +90,7 @@ def run(
     """Run `argv` in its own process group, streaming lines to `on_line` and `log_path`."""
     start = time.monotonic()
     tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
-    log = log_path.open("a", encoding="utf-8") if log_path else None
-    if log:
-        log.write(f"$ {shlex.join(argv)}\n")
-        log.flush()
+    log = CappedLog(log_path, argv) if log_path else None
     try:
         proc = subprocess.Popen(
             list(argv), env=dict(env) if env is not None else None, cwd=cwd,
@@ -62,11 +102,11 @@ def run(
 
     def pump() -> None:
         assert proc.stdout is not None
-        for raw in proc.stdout:
+        for raw in iter(lambda: proc.stdout.readline(LINE_BYTES), ""):  # type: ignore[union-attr]
             line = raw.rstrip("\n")
             tail.append(line)
             if log:
-                log.write(line + "\n")
+                log.write(line)
             if on_line:
                 on_line(line)
 

@@ -18,6 +18,9 @@ from stackgate.model import CellResult, Role, Status
 
 RESULTS = "results.jsonl"
 TORN = "results.jsonl.torn"
+# a result line is bounded by what a cell may hand back (suite.MAX_RECORDS_BYTES per node, a 20 kB log
+# tail); a longer line was not written by this harness and is not evidence
+MAX_RESULT_LINE = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -62,18 +65,22 @@ def read_all(run_dir: Path) -> ResultLines:
     problems: list[str] = []
     if not path.exists():
         return ResultLines()
-    lines = path.read_text(encoding="utf-8", errors="replace").split("\n")
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
+    raws = path.read_bytes().split(b"\n")
+    for number, raw in enumerate(raws, start=1):
+        if not raw.strip():
             continue
         data = None
+        line = raw[:200].decode("utf-8", "backslashreplace")
         try:
+            if len(raw) > MAX_RESULT_LINE:
+                raise ValueError(f"a line of {len(raw)} bytes, more than the limit of {MAX_RESULT_LINE}")
+            line = raw.decode("utf-8")  # strict: bytes that are not UTF-8 are not evidence
             data = json.loads(line)
             if not isinstance(data, dict):
                 raise TypeError(f"a JSON {type(data).__name__}, not an object")
             result = CellResult.from_json(data)
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            torn = number == len(lines)  # no newline after it: a write cut short by a kill
+            torn = number == len(raws)  # no newline after it: a write cut short by a kill
             why = "torn last line (killed mid-write)" if torn else f"not a result ({type(exc).__name__}: {exc})"
             problems.append(f"{RESULTS}:{number}: {why}: {line[:200]}")
             cell_id = data.get("cell_id") if isinstance(data, dict) else None

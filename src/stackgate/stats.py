@@ -12,8 +12,13 @@ import enum
 import math
 import random
 import statistics
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+
+# The bootstrap resamples at most this many samples per side: evenly spaced order statistics of all of
+# them (the smallest, the largest and every (n-1)/(k-1)-th between), so its cost is bounded whatever a
+# suite records; the medians themselves are always of every sample.
+MAX_BOOTSTRAP_SAMPLES = 2000
 
 
 class Outcome(str, enum.Enum):
@@ -35,26 +40,62 @@ class Comparison:
     base_mad: float
     cand_mad: float
     method: str = "bootstrap"  # bootstrap | threshold | paired (interleaved repeats)
+    thinned_from: int = 0  # the bootstrap used MAX_BOOTSTRAP_SAMPLES of this many samples (a side with more)
 
     def describe(self, unit: str = "") -> str:
         u = f" {unit}" if unit else ""
+        thin = (f"; interval from {MAX_BOOTSTRAP_SAMPLES} evenly spaced order statistics of {self.thinned_from} "
+                "samples" if self.thinned_from else "")
         if self.method == "threshold":
             return (f"{self.base_median:.4g}{u} -> {self.cand_median:.4g}{u} ({self.change:+.1%} worse-is-positive; "
                     f"single value, at most {self.tolerance:.0%} worse allowed)")
         how = ", over interleaved repeats" if self.method == "paired" else ""
         return (f"{self.base_median:.4g}{u} -> {self.cand_median:.4g}{u} ({self.change:+.1%} worse-is-positive, "
-                f"CI [{self.low:+.1%}, {self.high:+.1%}], tolerance {self.tolerance:.1%}{how})")
+                f"CI [{self.low:+.1%}, {self.high:+.1%}], tolerance {self.tolerance:.1%}{how}{thin})")
+
+
+def median(samples: Sequence[float] | Iterable[float]) -> float:
+    """The median, safe at the ends of the float range: the two middle values of an even count are
+    halved before they are added (statistics.median adds first: 1e308 and 1e308 give inf)."""
+    xs = sorted(samples)
+    if not xs:
+        raise ValueError("median of no samples")
+    mid = len(xs) // 2
+    return xs[mid] if len(xs) % 2 else xs[mid - 1] / 2 + xs[mid] / 2
 
 
 def mad(samples: Sequence[float]) -> float:
-    med = statistics.median(samples)
-    return statistics.median(abs(s - med) for s in samples)
+    med = median(samples)
+    return median(abs(s - med) for s in samples)
 
 
 def _change(base: float, cand: float, better: str) -> float:
+    """The relative change, worse positive; a ratio beyond the float range is infinitely worse (or
+    better), never an exception."""
     if base <= 0 or cand <= 0:
         return 0.0 if base == cand else float("inf")
-    return cand / base - 1 if better == "lower" else base / cand - 1
+    try:
+        return cand / base - 1 if better == "lower" else base / cand - 1
+    except (OverflowError, ZeroDivisionError):
+        return float("inf")
+
+
+def _exp_minus_1(x: float) -> float:
+    """exp(x) - 1 for a log ratio, inf where it overflows."""
+    try:
+        return math.expm1(x)
+    except OverflowError:
+        return float("inf")
+
+
+def thin(samples: Sequence[float], limit: int = MAX_BOOTSTRAP_SAMPLES) -> list[float]:
+    """At most `limit` samples: evenly spaced order statistics of all of them (the median and the
+    spread survive; the cost of a bootstrap over them is bounded)."""
+    if len(samples) <= limit:
+        return list(samples)
+    ordered = sorted(samples)
+    n = len(ordered)
+    return [ordered[(i * (n - 1)) // (limit - 1)] for i in range(limit)]
 
 
 def _outcome(low: float, high: float, tolerance: float) -> Outcome:
@@ -70,23 +111,26 @@ def compare(base: Sequence[float], cand: Sequence[float], *, better: str, tolera
             confidence: float = 0.95, resamples: int = 2000, min_samples: int = 3, seed: int = 0) -> Comparison:
     if not base or not cand:
         raise ValueError("both sample sets must be non-empty")
-    bm, cm = statistics.median(base), statistics.median(cand)
+    bm, cm = median(base), median(cand)
     point = _change(bm, cm, better)
     if len(base) < min_samples or len(cand) < min_samples:
         return Comparison(bm, cm, point, float("-inf"), float("inf"), tolerance, Outcome.INCONCLUSIVE,
                           mad(base), mad(cand))
     rng = random.Random(seed)
     changes = []
+    most = max(len(base), len(cand))
+    small_base, small_cand = thin(base), thin(cand)
     for _ in range(resamples):
-        b = statistics.median(rng.choices(base, k=len(base)))
-        c = statistics.median(rng.choices(cand, k=len(cand)))
+        b = median(rng.choices(small_base, k=len(small_base)))
+        c = median(rng.choices(small_cand, k=len(small_cand)))
         changes.append(_change(b, c, better))
     changes.sort()
     tail = (1 - confidence) / 2
     low = changes[int(tail * (resamples - 1))]
     high = changes[int((1 - tail) * (resamples - 1))]
     outcome = _outcome(low, high, tolerance)
-    return Comparison(bm, cm, point, low, high, tolerance, outcome, mad(base), mad(cand))
+    return Comparison(bm, cm, point, low, high, tolerance, outcome, mad(base), mad(cand),
+                      thinned_from=most if most > MAX_BOOTSTRAP_SAMPLES else 0)
 
 
 def threshold(base: Sequence[float], cand: Sequence[float], *, better: str, tolerance: float) -> Comparison:
@@ -94,7 +138,7 @@ def threshold(base: Sequence[float], cand: Sequence[float], *, better: str, tole
     than production's. With several samples the medians are compared the same way."""
     if not base or not cand:
         raise ValueError("both sample sets must be non-empty")
-    bm, cm = statistics.median(base), statistics.median(cand)
+    bm, cm = median(base), median(cand)
     change = _change(bm, cm, better)
     if not math.isfinite(bm) or not math.isfinite(cm) or math.isnan(change):
         outcome = Outcome.INCONCLUSIVE
@@ -124,7 +168,7 @@ def run_summaries(runs: Sequence[Sequence[float]], summary: str = "median", bett
     if summary == "best":
         pick = min if better == "lower" else max
         return [pick(r) for r in runs if r]
-    return [statistics.median(r) for r in runs if r]
+    return [median(r) for r in runs if r]
 
 
 def paired(base_runs: Sequence[Sequence[float]], cand_runs: Sequence[Sequence[float]], *, better: str,
@@ -134,18 +178,21 @@ def paired(base_runs: Sequence[Sequence[float]], cand_runs: Sequence[Sequence[fl
     each pair's summaries (medians, or best samples), with a Student t interval over the pairs."""
     base, cand = run_summaries(base_runs, summary, better), run_summaries(cand_runs, summary, better)
     n = min(len(base), len(cand))
-    if n < 2 or any(x <= 0 for x in (*base[:n], *cand[:n])):
-        bm = statistics.median(base) if base else 0.0
-        cm = statistics.median(cand) if cand else 0.0
+    if n < 2 or any(not (0 < x < math.inf) for x in (*base[:n], *cand[:n])):
+        bm = median(base) if base else 0.0
+        cm = median(cand) if cand else 0.0
         return Comparison(bm, cm, _change(bm, cm, better) if bm and cm else 0.0, float("-inf"), float("inf"),
                           tolerance, Outcome.INCONCLUSIVE, 0.0, 0.0, method="paired")
     sign = 1.0 if better == "lower" else -1.0
-    logs = [sign * math.log(cand[i] / base[i]) for i in range(n)]
-    mean = statistics.fmean(logs)
-    half = t_quantile(confidence, n - 1) * statistics.stdev(logs) / math.sqrt(n)
-    low, high = math.exp(mean - half) - 1, math.exp(mean + half) - 1
+    # the log of each value, then the difference: finite for every positive finite pair (1e-308 vs 1e308
+    # is a log ratio of 1418; their quotient overflows)
+    logs = [sign * (math.log(cand[i]) - math.log(base[i])) for i in range(n)]
+    mean = math.fsum(logs) / n
+    spread = math.sqrt(math.fsum((x - mean) ** 2 for x in logs) / (n - 1))
+    half = t_quantile(confidence, n - 1) * spread / math.sqrt(n)
+    low, high = _exp_minus_1(mean - half), _exp_minus_1(mean + half)
     outcome = _outcome(low, high, tolerance)
-    return Comparison(statistics.median(base[:n]), statistics.median(cand[:n]), math.exp(mean) - 1, low, high,
+    return Comparison(median(base[:n]), median(cand[:n]), _exp_minus_1(mean), low, high,
                       tolerance, outcome, mad(base[:n]), mad(cand[:n]), method="paired")
 
 

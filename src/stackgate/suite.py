@@ -228,6 +228,13 @@ def _case_name(case: ET.Element) -> str:
     return f"{module}::{case.get('name')}"
 
 
+# Limits on what a suite may hand back (README "Contract"): a record beyond them, or one that is not
+# valid UTF-8, is unreadable evidence and makes the cell ERROR; it is never cut down or repaired.
+MAX_RECORD_BYTES = 1 << 20  # one JSON line of $STACKGATE_RESULTS
+MAX_RECORDS_BYTES = 16 << 20  # all of one node's results file
+MAX_SAMPLES = 20_000  # samples of one metric
+
+
 @dataclass
 class Records:
     metrics: list[Metric]
@@ -236,21 +243,46 @@ class Records:
     problems: list[str]
 
 
+def _record_lines(path: Path, out: Records) -> list[tuple[int, str]]:
+    """The lines of one node's results file that are within the limits and valid UTF-8; every other
+    line is a problem (quoted, shortened, as text with the bad bytes shown)."""
+    size = path.stat().st_size
+    if size > MAX_RECORDS_BYTES:
+        out.problems.append(f"{path.name}: {size} bytes of records, more than the limit of {MAX_RECORDS_BYTES} "
+                            "(unreadable evidence: nothing of this file is used)")
+        return []
+    lines = []
+    for number, raw in enumerate(path.read_bytes().split(b"\n"), start=1):
+        if not raw.strip():
+            continue
+        if len(raw) > MAX_RECORD_BYTES:
+            out.problems.append(f"{path.name}:{number}: unreadable record (a line of {len(raw)} bytes, more than the "
+                                f"limit of {MAX_RECORD_BYTES}): {raw[:120].decode('utf-8', 'replace')}")
+            continue
+        try:
+            lines.append((number, raw.decode("utf-8")))
+        except UnicodeDecodeError as exc:
+            out.problems.append(f"{path.name}:{number}: unreadable record (not valid UTF-8: {exc.reason} at byte "
+                                f"{exc.start}): {raw[:200].decode('utf-8', 'backslashreplace')}")
+    return lines
+
+
 def parse_records(paths: list[Path]) -> Records:
     out = Records([], {}, [], [])
     for path in paths:
         if not path.exists():
             continue
-        for number, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), start=1):
-            if not line.strip():
-                continue
+        for number, line in _record_lines(path, out):
             try:
                 data = json.loads(line)
                 if not isinstance(data, dict):
                     raise TypeError(f"a JSON {type(data).__name__}, not an object")
                 kind = data.pop("kind", "metric")
                 if kind == "metric":
-                    out.metrics.append(Metric.from_json(data))
+                    metric = Metric.from_json(data)
+                    if len(metric.samples) > MAX_SAMPLES:
+                        raise ValueError(f"{len(metric.samples)} samples, more than the limit of {MAX_SAMPLES}")
+                    out.metrics.append(metric)
                 elif kind == "environment":
                     out.environment.update(data)
                 elif kind == "warning":

@@ -96,3 +96,102 @@ def test_reports_are_written_atomically_and_without_control_characters(tmp_path:
     atomic_write(target, "new")
     assert target.read_text() == "new" and [p.name for p in tmp_path.iterdir()] == ["report.md"]
     assert strip_control("ok\x00 \x1b[31mred\x1b[0m\tend\n") == "ok red\tend\n"
+
+
+# ---- issue 18 items 7 and 8: extreme and unbounded evidence
+
+
+def _cell_with_records(tmp_path: Path, data: bytes) -> CellResult:
+    (tmp_path / "results-node0.jsonl").write_bytes(data)
+    (tmp_path / "junit-node0-suite.xml").write_text(
+        '<testsuites><testsuite><testcase classname="test_a" file="test_a.py" name="test_x"/></testsuite></testsuites>')
+    from tests.unit.test_user_paths import _user_cells
+    _, cand = _user_cells()
+    return suite.build_result(cand, [suite.NodeExit(0, "pytest", 0)], tmp_path, 1.0)
+
+
+def test_a_record_that_is_not_utf8_is_unreadable_evidence(tmp_path: Path) -> None:
+    """It used to become U+FFFD and be accepted."""
+    result = _cell_with_records(tmp_path, b'{"name": "step\xff\xfe", "samples": [1.0, 2.0]}\n')
+    assert result.status is Status.ERROR
+    assert "results-node0.jsonl:1: unreadable record (not valid UTF-8" in result.reason
+    assert "\\xff\\xfe" in result.reason  # the bad bytes are shown, not replaced
+    assert not result.metrics
+
+
+def test_a_record_line_beyond_the_limit_is_unreadable_evidence(tmp_path: Path) -> None:
+    big = json.dumps({"name": "step", "samples": [1.0], "pad": "x" * suite.MAX_RECORD_BYTES}).encode()
+    result = _cell_with_records(tmp_path, big + b"\n" + b'{"name": "ok", "samples": [1.0]}\n')
+    assert result.status is Status.ERROR
+    assert f"more than the limit of {suite.MAX_RECORD_BYTES}" in result.reason
+    assert [m.name for m in result.metrics] == ["ok"]
+
+
+def test_a_metric_with_more_samples_than_the_limit_is_unreadable_evidence(tmp_path: Path) -> None:
+    line = json.dumps({"name": "step", "samples": [1.0] * (suite.MAX_SAMPLES + 1)}).encode()
+    result = _cell_with_records(tmp_path, line + b"\n")
+    assert result.status is Status.ERROR
+    assert f"{suite.MAX_SAMPLES + 1} samples, more than the limit of {suite.MAX_SAMPLES}" in result.reason
+
+
+def test_a_results_file_beyond_the_limit_is_not_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(suite, "MAX_RECORDS_BYTES", 1000)
+    result = _cell_with_records(tmp_path, b'{"name": "ok", "samples": [1.0]}\n' * 100)
+    assert result.status is Status.ERROR and "more than the limit of 1000" in result.reason
+    assert not result.metrics
+
+
+def test_results_lines_that_are_not_utf8_or_too_long_are_problems(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    results.append(tmp_path, CellResult("c1", Role.CANDIDATE, Status.PASSED))
+    good = json.dumps(CellResult("c2", Role.CANDIDATE, Status.PASSED).to_json())
+    with (tmp_path / results.RESULTS).open("ab") as fh:
+        fh.write(good.replace('"c2"', '"c\xe9"').encode("latin-1") + b"\n")
+        fh.write(good.replace('"c2"', '"c3"').encode() + b"\n")
+    monkeypatch.setattr(results, "MAX_RESULT_LINE", len(good) - 1)
+    read = results.read_all(tmp_path)
+    assert set(read.results) == set()  # c1's line is longer than the limit too
+    monkeypatch.setattr(results, "MAX_RESULT_LINE", 64 << 20)
+    read = results.read_all(tmp_path)
+    assert set(read.results) == {"c1", "c3"}
+    [problem] = read.problems
+    assert problem.startswith("results.jsonl:2: not a result (UnicodeDecodeError") and "\\xe9" in problem
+
+
+def test_statistics_of_extreme_finite_values_never_raise() -> None:
+    """1e-308 in production against 1e308 in the candidate raised in statistics.stdev (no report)."""
+    tiny, huge = [[1e-308] * 5] * 3, [[1e308] * 5] * 3
+    worse = stats.paired(tiny, huge, better="lower", tolerance=0.05)
+    assert worse.outcome is stats.Outcome.REGRESSION and worse.low == math.inf
+    better = stats.paired(tiny, huge, better="higher", tolerance=0.05)
+    assert better.outcome is stats.Outcome.IMPROVEMENT
+    assert stats.compare([1e-308] * 5, [1e308] * 5, better="lower", tolerance=0.05).outcome is stats.Outcome.REGRESSION
+    assert stats.median([1e308, 1e308]) == 1e308  # statistics.median gives inf
+    assert stats.threshold([1e308], [1e-308], better="higher", tolerance=0.1).outcome is stats.Outcome.REGRESSION
+
+
+def test_the_bootstrap_cost_is_bounded_whatever_the_sample_count() -> None:
+    rng = __import__("random").Random(3)
+    base = [1.0 + rng.random() / 100 for _ in range(200_000)]
+    cand = [x * 1.5 for x in base]
+    got = stats.compare(base, cand, better="lower", tolerance=0.05)
+    assert got.outcome is stats.Outcome.REGRESSION and got.thinned_from == 200_000
+    assert "interval from 2000 evenly spaced order statistics of 200000 samples" in got.describe("ms")
+    assert stats.median(base) == got.base_median  # the medians are of every sample
+    thinned = stats.thin(base)
+    assert len(thinned) == stats.MAX_BOOTSTRAP_SAMPLES and thinned[0] == min(base) and thinned[-1] == max(base)
+
+
+def test_a_log_keeps_its_head_and_tail(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """200 MiB of test output gave a 210 MB node log per cell."""
+    from stackgate import proc
+    monkeypatch.setattr(proc, "LOG_HEAD_BYTES", 10_000)
+    monkeypatch.setattr(proc, "LOG_TAIL_BYTES", 5_000)
+    log = tmp_path / "node0.log"
+    script = "import sys\nfor i in range(100000): print(f'line {i}')\nprint('x' * 200000)\nprint('the end')\n"
+    result = proc.run([__import__("sys").executable, "-c", script], log_path=log, timeout_s=60)
+    assert result.ok
+    text = log.read_text()
+    assert len(text) < 10_000 + 5_000 + 1000
+    assert "line 0\n" in text and "the end\n" in text and "bytes of output left out here" in text
+    assert "line 99999" not in text

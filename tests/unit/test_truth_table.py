@@ -212,6 +212,58 @@ def r_fixed_by_the_upgrade_user_suite(s: Situation) -> None:
     s.edit(s.prod, _fail(COMPILE, "AssertionError: known"))
 
 
+def r_hundred_thousand_samples(s: Situation) -> None:
+    """#18 item 7: a metric with 1e5 samples a side (1e6 took minutes of silent CPU): the gate's cost is
+    bounded (the bootstrap thins to evenly spaced order statistics) and the same workload is GO."""
+    many = tuple(10.0 + (i % 997) / 997 for i in range(100_000))
+    s.edit(s.prod, _samples("recsys.step_time", lambda _: many))
+    s.edit(s.cand, _samples("recsys.step_time", lambda _: many))
+
+
+def r_extreme_finite_samples(s: Situation) -> None:
+    """1e-308 in production against 1e308 in the candidate crashed in statistics.stdev: it is a regression."""
+    s.edit(s.prod, _samples("recsys.step_time", lambda xs: tuple(1e-308 for _ in xs)))
+    s.edit(s.cand, _samples("recsys.step_time", lambda xs: tuple(1e308 for _ in xs)))
+
+
+def _records(s: Situation, data: bytes) -> None:
+    import tempfile
+    from pathlib import Path
+
+    from stackgate import suite
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "results-node0.jsonl").write_bytes(data)
+        (Path(tmp) / "junit-node0-suite.xml").write_text(
+            '<testsuites><testsuite><testcase file="test_recsys.py" name="test_recsys_ddp_sharded_embeddings"/>'
+            "</testsuite></testsuites>")
+        built = suite.build_result(s.cand, [suite.NodeExit(0, "pytest", 0)], Path(tmp), 1.0)
+    s.edit(s.cand, lambda r: replace(r, status=built.status, reason=built.reason))
+
+
+def r_record_not_utf8(s: Situation) -> None:
+    """#18 item 8: a record that is not UTF-8 is unreadable evidence (it became U+FFFD and counted)."""
+    _records(s, b'{"name": "recsys.step_time\xff", "samples": [1.0]}\n')
+
+
+def r_record_beyond_the_size_limit(s: Situation) -> None:
+    _records(s, b'{"name": "recsys.step_time", "samples": [1.0], "pad": "' + b"x" * (1 << 20) + b'"}\n')
+
+
+def r_broken_cached_environment(s: Situation) -> None:
+    """#18 item 3: a cached environment that fails its check and cannot be rebuilt is the machinery's
+    failure (infra-error, exit 3, retried by --resume), never a failed test."""
+    s.edit(s.cand, lambda r: replace(r, status=Status.INFRA_ERROR, tests=(), metrics=(), reason=(
+        "the cached environment for cu130-torch2.14.1-py3.11 is broken (torch/__init__.py: size 12, RECORD says "
+        "3468) and rebuilding it failed")))
+
+
+def r_host_pip_constraint(s: Situation) -> None:
+    """#18 item 3b: the host's pip configuration caps torch: not a verdict on the candidate."""
+    s.edit(s.cand, lambda r: replace(r, status=Status.INFRA_ERROR, tests=(), metrics=(), reason=(
+        "this host's pip configuration keeps torch==2.15.0 out: The user requested (constraint) torch<=2.14.1 "
+        "(global.constraint = /etc/xdg/pip/constraints.txt)")))
+
+
 def r_no_candidate(s: Situation) -> None:
     cand = s.cand
     s.cells.remove(cand)
@@ -250,6 +302,12 @@ ROWS: list[tuple[Callable[[Situation], None], Decision, str]] = [
     (r_required_test_fails_in_both, Decision.INCONCLUSIVE, "failed-test"),
     (r_new_failure_user_suite, Decision.NO_GO, "failed-test"),
     (r_fixed_by_the_upgrade_user_suite, Decision.GO, ""),
+    (r_hundred_thousand_samples, Decision.GO, ""),
+    (r_extreme_finite_samples, Decision.NO_GO, "regression"),
+    (r_record_not_utf8, Decision.NO_GO, "cell-error"),
+    (r_record_beyond_the_size_limit, Decision.NO_GO, "cell-error"),
+    (r_broken_cached_environment, Decision.INCONCLUSIVE, "cell-infra-error"),
+    (r_host_pip_constraint, Decision.INCONCLUSIVE, "cell-infra-error"),
 ]
 
 

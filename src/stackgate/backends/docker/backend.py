@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from stackgate import proc
 from stackgate.backends.base import EnvHandle, Execution, PrepareFailed
 from stackgate.backends.docker import images
 from stackgate.backends.docker.engine import BuildError, ContainerExit, ContainerSpec, Engine
@@ -123,8 +124,10 @@ class DockerBackend:
         ran = self.engine.run_group(specs, network=f"sg-{exe.tag}-{label}",
                                     timeout_s=max(deadline - time.monotonic(), 1), on_line=exe.on_line)
         for command, ex in zip(commands, ran, strict=True):
-            with (exe.workdir / f"node{command.node}.log").open("a") as log:
-                log.write(ex.log)
+            log = proc.CappedLog(exe.workdir / f"node{command.node}.log")
+            for line in ex.log.splitlines():
+                log.write(line)
+            log.close()
         return tuple(_node_exit(c.node, ex) for c, ex in zip(commands, ran, strict=True))
 
     def describe(self, handle: EnvHandle) -> dict[str, Any]:
