@@ -17,6 +17,7 @@ from typing import Any
 
 from stackgate import __version__, results
 from stackgate.errors import ConfigError
+from stackgate.options import flag_of
 from stackgate.policy import Policy
 from stackgate.report.files import atomic_write
 from stackgate.suite import suite_digest
@@ -65,10 +66,49 @@ def selection(*, pools: Sequence[str], only: Sequence[str], shard: str | None) -
     return {"pools": " ".join(pools) or "detected", "only": " ".join(only), "shard": shard or ""}
 
 
+# the options that make up each part of a run definition: what a merge must be given to match its bundles
+DEFINED_BY = {"matrix": ("matrix",), "config": ("config_dir",), "candidate": ("candidate",),
+              "policy": ("policy", "suite"), "suite": ("suite",), "profile": ("profile",),
+              "pytest_args": ("pytest_args", "tests"), "platform_checks": ("platform_checks",),
+              "suite_requirements": ("suite_requirements", "suite_install")}
+
+
+def defining_options(described: Mapping[str, Any], cwd: Path) -> dict[str, Any]:
+    """The options behind the run definition, as they were given (paths relative to `cwd` where
+    they lie below it), for a merge's hint; defaults are left out."""
+    out: dict[str, Any] = {}
+    for name in sorted({n for names in DEFINED_BY.values() for n in names}):
+        found = described.get(name) or {}
+        if found.get("from", "default") == "default":
+            continue
+        value = found.get("value")
+        values = value if isinstance(value, list) else [value]
+        shown = []
+        for v in values:
+            try:
+                shown.append(str(Path(str(v)).relative_to(cwd)) if Path(str(v)).is_absolute() else v)
+            except ValueError:
+                shown.append(v)
+        out[name] = shown if isinstance(value, list) else shown[0]
+    return out
+
+
+def _flags(options: Mapping[str, Any]) -> str:
+    words = []
+    for name, value in sorted(options.items()):
+        if isinstance(value, bool):
+            words += [flag_of(name)] if value is False else []
+            continue
+        words += [f"{flag_of(name)} {v}" for v in (value if isinstance(value, list) else [value])]
+    return " ".join(words)
+
+
 def write_manifest(run_dir: Path, *, defined: Mapping[str, str], selected: Mapping[str, str], cells: Sequence[str],
-                   host_probe: Mapping[str, Any] | None = None, merged_from: Sequence[str] = ()) -> None:
+                   host_probe: Mapping[str, Any] | None = None, merged_from: Sequence[str] = (),
+                   options: Mapping[str, Any] | None = None) -> None:
     atomic_write(run_dir / MANIFEST, json.dumps({
         "definition": dict(defined), "definition_hash": definition_hash(defined), "selection": dict(selected),
+        "options": dict(options or {}),
         "stackgate_version": __version__, "cells": list(cells), "host_probe": dict(host_probe or {}),
         "merged_from": list(merged_from),
     }, indent=1, sort_keys=True))
@@ -112,17 +152,34 @@ class Bundle:
         return str(self.manifest.get("selection", {}).get("pools", "?"))
 
 
+def _merge_hint(manifests: Sequence[tuple[Path, Mapping[str, Any]]], defined: Mapping[str, str]) -> str:
+    """When the bundles agree with each other, it is the merge's own options that differ: say which
+    to repeat (from what the bundles recorded); else they come from different fleet runs."""
+    first = manifests[0][1]
+    if any(differences(m["definition"], first["definition"]) for _, m in manifests[1:]):
+        return "the bundles differ from each other too: merge only the bundles of one fleet run"
+    keys = {k for k in set(first["definition"]) | set(defined) if first["definition"].get(k) != defined.get(k)}
+    given = first.get("options") or {}
+    wanted = {n: given[n] for k in sorted(keys) for n in DEFINED_BY.get(k, ()) if n in given}
+    named = sorted({n for k in keys for n in DEFINED_BY.get(k, ())})
+    if wanted:
+        return (f"the bundles agree with each other; give the merge the options they were run with: {_flags(wanted)} "
+                "(from the repository root the runs used)")
+    return ("the bundles agree with each other; give the merge the same "
+            + (", ".join(flag_of(n) for n in named) or "options") + " as the pool runs")
+
+
 def load_bundles(paths: Sequence[Path], defined: Mapping[str, str]) -> list[Bundle]:
     """Every bundle, checked against the merge's own definition: a bundle of another candidate,
     policy, suite or matrix is refused (exit 2), saying which differ. A cell in two bundles too."""
     bundles = []
     owner: dict[str, Path] = {}
-    for path in paths:
-        manifest = read_manifest(path)
+    manifests = [(path, read_manifest(path)) for path in paths]
+    for path, manifest in manifests:
         changed = differences(manifest["definition"], defined)
         if changed:
             raise ConfigError(f"bundle {path} belongs to another run definition: " + "; ".join(changed),
-                              hint="merge only the bundles of one fleet run (same matrix, candidate, policy, suite)")
+                              hint=_merge_hint(manifests, defined))
         read = results.read_all(path)
         for cell_id in read.results:
             if cell_id in owner:

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from stackgate import __version__, options
-from stackgate.errors import ConfigError, ExitCode, Interrupted, StackgateError
+from stackgate.errors import ConfigError, ExitCode, InfraError, Interrupted, StackgateError
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -232,6 +232,19 @@ def render_matrix_text(exp: object) -> str:
 
 
 def _history(args: argparse.Namespace) -> int:
+    """`stackgate history`: a database that cannot be read is exit 3 with what it is, never a traceback
+    (nor exit 1, which `--last-green` uses for "no green nightly")."""
+    import sqlite3
+    path = Path(args.history).absolute()
+    try:
+        return _history_rows(args)
+    except sqlite3.Error as exc:
+        raise InfraError(f"cannot read the history database {path}: {exc}",
+                         hint="is it a stackgate history (reports/history.sqlite)? pass --history PATH, or move the "
+                              "file aside and a new one is started by the next run") from None
+
+
+def _history_rows(args: argparse.Namespace) -> int:
     from stackgate import history
     if args.last_green:
         return _last_green(Path(args.history).absolute(), args.matrix, args.json)

@@ -121,7 +121,8 @@ def decide(cells: Sequence[Cell], not_here: Sequence[NotHere], results: Mapping[
         missing = Severity.INCONCLUSIVE if cand.id in required else Severity.INFO
         base = by_id.get(cand.baseline)
         if base is not None:
-            reasons += _rollback_reasons(cand, results.get(base.result_id("rollback", cand)))
+            reasons += _rollback_reasons(cand, results.get(base.result_id("rollback", cand)), results.get(base.id),
+                                         policy)
         if base is None:
             reasons.append(Reason(missing, "no production baseline to compare with (its cell was pruned or not "
                                   "selected)", cell=cand.id, kind="no-baseline"))
@@ -180,13 +181,22 @@ def _first_line(text: str) -> str:
     return lines[0][:300] if lines else ""
 
 
-def _rollback_reasons(cell: Cell, rollback: CellResult | None) -> list[Reason]:
-    """Production reading what this candidate wrote; the reasons name the candidate."""
+def _rollback_reasons(cell: Cell, rollback: CellResult | None, production: CellResult | None,
+                      policy: Policy) -> list[Reason]:
+    """Production reading what this candidate wrote; the reasons name the candidate. A test that
+    failed in production's own main run too (reading what production wrote) is pre-existing."""
     if rollback is None:
         return []
     out = []
+    before = {t.name: t for t in production.tests} if production is not None and _ran(production) else {}
     for t in rollback.tests:
         if t.outcome in ("failed", "error"):
+            earlier = before.get(t.name)
+            if earlier is not None and _is_failure(earlier.outcome):
+                severity = Severity.INCONCLUSIVE if policy.preexisting_failures == "inconclusive" else Severity.INFO
+                out.append(Reason(severity, f"pre-existing failure (rollback): fails in production's own run too: "
+                                  f"{_first_line(t.message)}", cell=cell.id, test=t.name, kind="preexisting-failure"))
+                continue
             out.append(Reason(Severity.BLOCKING, f"rollback: production cannot read what the candidate wrote: "
                               f"{_first_line(t.message)}", cell=cell.id, test=t.name, kind="rollback"))
     if rollback.status is Status.SKIPPED:

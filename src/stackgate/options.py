@@ -186,6 +186,12 @@ class Settings:
                 for f in declared()}
 
 
+def flag_of(name: str) -> str:
+    """The command-line spelling of an option (`--no-...` for a switch that turns one off)."""
+    f = next(f for f in declared() if f.name == name)
+    return str(f.metadata["negate"] or f.metadata["flag"] or "--" + f.name.replace("_", "-"))
+
+
 def _shown(value: Any) -> Any:
     if isinstance(value, Path):
         return str(value)

@@ -245,7 +245,8 @@ def run(opts: Options, env: Mapping[str, str], say: Printer | None = None) -> in
         run_dir.mkdir(parents=True, exist_ok=True)
         if not opts.resume or probes:
             bundle.write_manifest(run_dir, defined=defined, selected=selected, cells=[c.id for c in chosen.cells],
-                                  host_probe={p.pool: p.to_json() for p in probes})
+                                  host_probe={p.pool: p.to_json() for p in probes},
+                                  options=bundle.defining_options(opts.describe(), Path.cwd()))
     except OSError as exc:
         raise InfraError(f"cannot create {run_dir}: {exc.strerror}") from None
     torn = results.repair_tail(run_dir)

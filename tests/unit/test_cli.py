@@ -42,3 +42,14 @@ def test_matrix_show_and_selftest(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["selftest"]) == 0
     assert f"selftest: {len(selftest.CASES)} passed, 0 failed" in capsys.readouterr().out
     assert main(["history", "--history", "/nonexistent/h.sqlite"]) == 0
+
+
+def test_history_of_a_file_that_is_not_a_database_is_exit_3(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """#18 item 12: a traceback and exit 1 (the code of "no green nightly") before."""
+    garbage = tmp_path / "history.sqlite"
+    garbage.write_bytes(bytes(range(256)) * 20)
+    for extra in ([], ["--last-green"]):
+        assert main(["history", "--history", str(garbage), *extra]) == 3
+        err = capsys.readouterr().err
+        assert f"cannot read the history database {garbage}: file is not a database" in err
+        assert "Traceback" not in err

@@ -212,6 +212,15 @@ def r_fixed_by_the_upgrade_user_suite(s: Situation) -> None:
     s.edit(s.prod, _fail(COMPILE, "AssertionError: known"))
 
 
+def r_rollback_fails_in_productions_own_run_too(s: Situation) -> None:
+    """A cross-version test production fails even on its own artifacts: not the candidate's doing."""
+    s.policy = USER_SUITE
+    name = "test_crossversion.py::test_load_torchscript"
+    s.edit(s.prod, _fail(name, "RuntimeError: known"))
+    s.edit(s.cand, _fail(name, "RuntimeError: known"))
+    _rollback(s, Status.FAILED, "1 test(s) failed", (TestOutcome(name, "failed", message="RuntimeError: known"),))
+
+
 def r_hundred_thousand_samples(s: Situation) -> None:
     """#18 item 7: a metric with 1e5 samples a side (1e6 took minutes of silent CPU): the gate's cost is
     bounded (the bootstrap thins to evenly spaced order statistics) and the same workload is GO."""
@@ -302,6 +311,7 @@ ROWS: list[tuple[Callable[[Situation], None], Decision, str]] = [
     (r_required_test_fails_in_both, Decision.INCONCLUSIVE, "failed-test"),
     (r_new_failure_user_suite, Decision.NO_GO, "failed-test"),
     (r_fixed_by_the_upgrade_user_suite, Decision.GO, ""),
+    (r_rollback_fails_in_productions_own_run_too, Decision.GO, ""),
     (r_hundred_thousand_samples, Decision.GO, ""),
     (r_extreme_finite_samples, Decision.NO_GO, "regression"),
     (r_record_not_utf8, Decision.NO_GO, "cell-error"),

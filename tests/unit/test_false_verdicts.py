@@ -1,0 +1,71 @@
+"""Issue 18 through the whole pipeline on the in-memory backend: a known failure is not a regression,
+a merge of one fleet run says which option to repeat."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from stackgate import pipeline
+from stackgate.backends.base import Execution
+from stackgate.backends.memory import MemoryBackend, answer
+from stackgate.errors import ConfigError
+from stackgate.suite import NodeCommand, NodeExit
+
+from .conftest import RunMemory, memory_options
+
+
+def _failing(in_production: bool, in_candidate: bool):  # type: ignore[no-untyped-def]
+    def script(command: NodeCommand, exe: Execution) -> NodeExit:
+        if command.env["STACKGATE_PHASE"] == "rollback":  # pytest -m crossversion: nothing collected
+            return answer(command, {}, returncode=5)
+        prod = command.env["STACKGATE_ROLE"] == "production"
+        known = "failed" if (in_production if prod else in_candidate) else "passed"
+        return answer(command, {"test_model.py::test_ok": "passed", "test_model.py::test_needs_xdist": known})
+    return script
+
+
+def test_a_test_failing_in_both_stacks_is_go_and_listed(no_subprocesses: MemoryBackend, run_memory: RunMemory) -> None:
+    no_subprocesses.script = _failing(in_production=True, in_candidate=True)
+    code, report, said = run_memory()
+    assert (code, report["decision"]) == (0, "GO"), report["reasons"]
+    [known] = report["preexisting_failures"]
+    assert known["test"] == "test_model.py::test_needs_xdist" and known["candidate"].startswith("failed")
+    assert known["production"].startswith("failed")
+    assert any("pre-existing failures (1" in line for line in said)
+    md = (Path(report["run"]["options"]["reports"]["value"]) / "mem" / "report.md").read_text()
+    assert "## Pre-existing failures" in md and "test\\_needs\\_xdist" in md
+
+
+def test_a_test_failing_only_in_the_candidate_is_no_go(no_subprocesses: MemoryBackend, run_memory: RunMemory) -> None:
+    no_subprocesses.script = _failing(in_production=False, in_candidate=True)
+    code, report, said = run_memory()
+    assert (code, report["decision"]) == (1, "NO-GO")
+    assert report["preexisting_failures"] == []
+    assert any(line.strip().startswith("- [failed-test]") and "test_needs_xdist" in line for line in said)
+
+
+def test_preexisting_failures_inconclusive_by_policy(no_subprocesses: MemoryBackend, run_memory: RunMemory,
+                                                      tmp_path: Path) -> None:
+    policy = tmp_path / "policy.toml"
+    policy.write_text('[gate]\npreexisting_failures = "inconclusive"\n[required]\nall_tests = true\n')
+    no_subprocesses.script = _failing(in_production=True, in_candidate=True)
+    code, report, said = run_memory(policy=str(policy))
+    assert (code, report["decision"]) == (1, "INCONCLUSIVE")
+    assert any("[preexisting-failure]" in line for line in said)
+
+
+def test_merge_of_bundles_run_with_suite_names_the_option_to_repeat(no_subprocesses: MemoryBackend,
+                                                                     tmp_path: Path) -> None:
+    """#18 item 13: the bundles agree with each other; the merge was not given --suite."""
+    assert pipeline.run(memory_options(tmp_path), {}, lambda _: None) in (0, 1)
+    bundle = tmp_path / "r" / "mem"
+    assert json.loads((bundle / "run.json").read_text())["options"]["suite"].endswith("plain_suite")
+    merge = memory_options(tmp_path, run_id="merged", suite=None)
+    with pytest.raises(ConfigError) as info:
+        pipeline.merge(merge, {}, [bundle], lambda _: None)
+    assert "belongs to another run definition" in str(info.value)
+    assert info.value.hint is not None and "the bundles agree with each other" in info.value.hint
+    assert "--suite " in info.value.hint and "plain_suite" in info.value.hint
