@@ -157,7 +157,7 @@ def _environments(opts: Options, loaded: Loaded, env: Mapping[str, str], say: Pr
     from stackgate.backends.venv import VenvBackend
     if opts.backend == "auto" and slurm_pools(opts, loaded):
         say("notice: Slurm jobs run the stack's venv on the nodes: using the venv backend")
-        return VenvBackend(opts.cache_dir, loaded.table, loaded.host_pip, env, deps=deps)
+        return VenvBackend(opts.cache_dir, loaded.table, loaded.host_pip, env, deps=deps, say=say)
     if opts.backend in ("docker", "auto"):
         from stackgate.backends import docker
 
@@ -169,7 +169,7 @@ def _environments(opts: Options, loaded: Loaded, env: Mapping[str, str], say: Pr
         if opts.backend == "docker":
             raise InfraError(made, hint="start the Docker engine, or use --backend venv")
         say(f"notice: {made}; falling back to the venv backend")
-    return VenvBackend(opts.cache_dir, loaded.table, loaded.host_pip, env, deps=deps)
+    return VenvBackend(opts.cache_dir, loaded.table, loaded.host_pip, env, deps=deps, say=say)
 
 
 def new_run_id(matrix_name: str) -> str:
