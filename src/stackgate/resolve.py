@@ -53,6 +53,14 @@ def is_network_failure(output: str) -> bool:
     return bool(_NETWORK.search(output))
 
 
+_NO_SPACE = re.compile(r"No space left on device|\[Errno 28\]")
+
+
+def is_disk_full(output: str) -> bool:
+    """An installer's output says the disk filled up: the machinery failed, not the stack."""
+    return bool(_NO_SPACE.search(output))
+
+
 def _causes(output: str) -> str:
     lines = [line.strip() for line in output.splitlines() if line.strip().startswith(("error:", "cause:", "hint:"))]
     return " / ".join(lines[-6:]) or output.strip()[-600:]

@@ -29,6 +29,8 @@ class PipConfig:
     extra_index_urls: tuple[str, ...] = ()
     find_links: tuple[str, ...] = ()
     cert: str | None = None
+    constraint: str | None = None  # a constraints file pip applies to every install on this host
+    constraint_origin: str = ""  # where it is set: `global.constraint` (a pip.conf) or `:env:` (PIP_CONSTRAINT)
 
 
 def pip_command() -> list[str]:
@@ -54,16 +56,45 @@ def read_pip_config(env: Mapping[str, str]) -> PipConfig:
 
 def parse_pip_config(text: str) -> PipConfig:
     values: dict[str, str] = {}
+    origins: dict[str, str] = {}
     for line in text.splitlines():
-        match = re.match(r"^[^.]*\.([a-z\-]+)='(.*)'$", line.strip())
+        match = re.match(r"^([^.]*)\.([a-z\-]+)='(.*)'$", line.strip())
         if match:
-            values.setdefault(match.group(1), match.group(2))
+            values.setdefault(match.group(2), match.group(3))
+            origins.setdefault(match.group(2), f"{match.group(1)}.{match.group(2)}")
     return PipConfig(
         index_url=values.get("index-url"),
         extra_index_urls=tuple(values.get("extra-index-url", "").split()),
         find_links=tuple(values.get("find-links", "").split()),
         cert=values.get("cert"),
+        constraint=values.get("constraint"),
+        constraint_origin=origins.get("constraint", ""),
     )
+
+
+_CONSTRAINED = re.compile(r"The user requested \(constraint\) (\S+)")
+_NOT_OFFERED = re.compile(r"No matching distribution found for (\S+)", re.I)
+
+
+def host_config_problem(output: str, host: PipConfig) -> str | None:
+    """Why pip could not produce a stack that the resolution found, when the cause is this host's pip
+    configuration rather than the stack (a constraint file pip applies to every install, an index or
+    mirror that lacks the version): the message names the cause, where it is set and how to run
+    without it. None when the output shows no such cause (the stack's own dependencies conflict)."""
+    capped = _CONSTRAINED.findall(output)
+    if capped:
+        where = (f"{host.constraint_origin} = {host.constraint}" if host.constraint else "a pip constraint")
+        how = ("PIP_CONSTRAINT=/dev/null in the environment lifts it for one run" if host.constraint else
+               "find it with `pip config list`")
+        return (f"this host's pip configuration keeps the stack out: The user requested (constraint) "
+                f"{', '.join(sorted(set(capped)))}, from {where} (`pip config list`); {how}, or remove it from "
+                "that file. Not a verdict on the candidate")
+    missing = _NOT_OFFERED.findall(output)
+    if missing:
+        return (f"pip on this host finds no {', '.join(sorted(set(missing)))} although the resolution did: this "
+                "host's pip configuration (index-url, extra-index-url, find-links: `pip config list`) or a mirror "
+                "lacks it. Not a verdict on the candidate")
+    return None
 
 
 def installer_args(source: WheelSource, host: PipConfig) -> list[str]:

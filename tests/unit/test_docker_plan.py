@@ -173,3 +173,64 @@ def test_prune_keeps_the_newest_image_per_stack() -> None:
     assert images.stale_images(found) == ["stackgate/stack:cpu-torch2.13.0-py3.11-aaaa",
                                           "stackgate/stack:cpu-torch2.13.0-py3.11-cccc"]
     assert images.stale_images(found, keep=2) == ["stackgate/stack:cpu-torch2.13.0-py3.11-cccc"]
+
+
+# ---- #18 item 3b: what the host's pip configuration does is not a verdict on the candidate
+
+PIP_CAPPED = """Looking in indexes: https://pypi.org/simple, file:///opt/pypi/simple
+Looking in links: /opt/wheels
+ERROR: Cannot install torch==2.15.0 because these package versions have conflicting dependencies.
+
+The conflict is caused by:
+    The user requested torch==2.15.0
+    The user requested (constraint) torch<=2.14.1
+
+To fix this you could try to:
+1. loosen the range of package versions you've specified
+2. remove package versions to allow pip attempt to solve the dependency conflict
+
+ERROR: ResolutionImpossible: for help visit https://pip.pypa.io/en/latest/topics/dependency-resolution/
+"""
+PIP_CONFLICT = PIP_CAPPED.replace("The user requested (constraint) torch<=2.14.1",
+                                  "numpy 3.0 depends on python>=3.13")
+
+
+def _failing_download(monkeypatch: pytest.MonkeyPatch, output: str) -> None:
+    def fail(*args: object, **kwargs: object) -> images.Wheelhouse:
+        raise images.WheelhouseFailed("downloading wheels for torch==2.15.0 numpy pytest failed (exit 1)", output)
+    monkeypatch.setattr(images, "wheelhouse", fail)
+
+
+def test_a_host_pip_constraint_is_an_infra_error_naming_the_file_and_the_way_out(
+        backend: tuple[DockerBackend, FakeEngine], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from stackgate.errors import InfraError
+    from stackgate.sources import parse_pip_config
+    docker, _ = backend
+    docker.host_pip = parse_pip_config("global.constraint='/etc/xdg/pip/constraints.txt'\n"
+                                       "global.find-links='/opt/wheels'\n")
+    _failing_download(monkeypatch, PIP_CAPPED)
+    with pytest.raises(InfraError) as info:
+        docker.prepare(STACK, tmp_path / "build.log")
+    text = str(info.value)
+    assert "The user requested (constraint) torch<=2.14.1" in text
+    assert "global.constraint = /etc/xdg/pip/constraints.txt" in text
+    assert "PIP_CONSTRAINT=/dev/null" in text and "Not a verdict on the candidate" in text
+
+
+def test_a_conflict_of_the_stacks_own_requirements_stays_a_build_failure(
+        backend: tuple[DockerBackend, FakeEngine], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from stackgate.backends.base import PrepareFailed
+    docker, _ = backend
+    _failing_download(monkeypatch, PIP_CONFLICT)
+    with pytest.raises(PrepareFailed, match="the stack's own requirements conflict"):
+        docker.prepare(STACK, tmp_path / "build.log")
+
+
+def test_a_full_disk_while_downloading_is_an_infra_error(backend: tuple[DockerBackend, FakeEngine], tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    from stackgate.errors import InfraError
+    docker, _ = backend
+    _failing_download(monkeypatch, "ERROR: Could not install packages due to an OSError: [Errno 28] No space left on "
+                                   "device")
+    with pytest.raises(InfraError, match="the disk is full"):
+        docker.prepare(STACK, tmp_path / "build.log")

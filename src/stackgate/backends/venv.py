@@ -26,7 +26,7 @@ from stackgate.compat import CompatTable
 from stackgate.errors import InfraError
 from stackgate.model import Stack
 from stackgate.plan import requirements
-from stackgate.resolve import is_network_failure
+from stackgate.resolve import is_disk_full, is_network_failure
 from stackgate.sources import PipConfig, installer_args
 from stackgate.suite import Layout, NodeCommand, NodeExit
 from stackgate.suite_deps import SuiteDeps
@@ -143,6 +143,9 @@ class VenvBackend:
                 if is_network_failure(result.tail):
                     raise InfraError(f"installing {stack.label} failed: an index could not be reached",
                                      hint=result.tail[-800:])
+                if is_disk_full(result.tail):
+                    raise InfraError(f"installing {stack.label} failed: the disk is full under {self.cache_dir}",
+                                     hint="free space, or pass --cache-dir on a larger disk")
                 raise PrepareFailed(f"installing {stack.label} failed (exit {result.returncode})", result.tail)
         freeze = proc.capture([*uv, "pip", "freeze", "--python", str(staging / "bin" / "python")], env=env)
         sbom = {"key": key, "requirements": reqs, "packages": freeze.split(),

@@ -15,9 +15,11 @@ from stackgate.backends.base import EnvHandle, Execution, PrepareFailed
 from stackgate.backends.docker import images
 from stackgate.backends.docker.engine import BuildError, ContainerExit, ContainerSpec, Engine
 from stackgate.compat import CompatTable
+from stackgate.errors import InfraError
 from stackgate.model import Stack
 from stackgate.plan import requirements
-from stackgate.sources import PipConfig, installer_args
+from stackgate.resolve import is_disk_full
+from stackgate.sources import PipConfig, host_config_problem, installer_args
 from stackgate.suite import Layout, NodeCommand, NodeExit, suite_digest
 from stackgate.suite_deps import SuiteDeps
 
@@ -66,7 +68,15 @@ class DockerBackend:
                 suite_house = images.Wheelhouse(fetched.path, tuple(w for w in fetched.wheels
                                                                     if w.filename not in have))
         except images.WheelhouseFailed as exc:
-            raise PrepareFailed(str(exc), exc.log_tail) from None
+            problem = host_config_problem(exc.log_tail, self.host_pip)
+            if problem is not None:  # the host, not the stack: the cells are infra errors that say why
+                raise InfraError(f"{exc}: {problem}", hint=f"the installer's log: {log_path}") from None
+            if is_disk_full(exc.log_tail):
+                raise InfraError(f"{exc}: the disk is full ({_conflict(exc.log_tail)})",
+                                 hint=f"free space under {self.cache_dir}, or pass --cache-dir") from None
+            what = ("the stack's own requirements conflict" if "conflict" in exc.log_tail.lower()
+                    else "the stack cannot be installed")
+            raise PrepareFailed(f"{exc}: {what} ({_conflict(exc.log_tail)})", exc.log_tail) from None
         template = images.TEMPLATE.read_text()
         every = images.Wheelhouse(house.path, house.wheels + (suite_house.wheels if suite_house else ()))
         key = images.image_key(template, base_id, every, suite_digest(self.suite_dir), [*reqs, *extra])
@@ -136,6 +146,12 @@ class DockerBackend:
 
     def close(self) -> None:
         return None
+
+
+def _conflict(output: str) -> str:
+    lines = [line.strip() for line in output.splitlines() if line.strip().startswith(("ERROR:", "The conflict",
+                                                                                      "The user requested"))]
+    return " / ".join(lines[-4:])[:600] or output.strip()[-300:]
 
 
 def _node_exit(node: int, ex: ContainerExit) -> NodeExit:
