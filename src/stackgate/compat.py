@@ -31,6 +31,7 @@ class TorchRelease:
     cuda: tuple[CudaVariant, ...]
     python: tuple[str, ...]
     pypi_default: CudaVariant | None
+    line: int | None = None  # where the row's pypi_default (else its header) is written, for errors
 
 
 @dataclass(frozen=True)
@@ -124,6 +125,7 @@ def load_compat(path: Path) -> CompatTable:
                 for p in tomlfile.str_list(doc, row, "python", "torch", series)
             ),
             pypi_default=CudaVariant.parse(default) if default else None,
+            line=_row_line(doc, series),
         )
     return CompatTable(
         path=path,
@@ -134,6 +136,22 @@ def load_compat(path: Path) -> CompatTable:
         torch=releases,
         forward_compat_branches=branches,
     )
+
+
+def _row_line(doc: tomlfile.Doc, series: str) -> int | None:
+    """The line of `pypi_default` in `[torch."<series>"]` (else the header's): dotted series names
+    defeat the generic key finder."""
+    header = None
+    for number, raw in enumerate(doc.lines, start=1):
+        text = raw.strip()
+        if text.startswith("["):
+            if header is not None:
+                break
+            if text.replace("'", '"').replace(" ", "") in (f'[torch."{series}"]', f"[torch.{series}]"):
+                header = number
+        elif header is not None and text.startswith("pypi_default"):
+            return number
+    return header
 
 
 def _located(doc: tomlfile.Doc, parse: Any, *keys: str) -> Any:

@@ -39,6 +39,7 @@ from stackgate.model import (
 )
 from stackgate.versions import CudaVariant, Driver, parse_driver, parse_python, parse_torch
 
+DEFAULT_VARIANT = "default"  # a cuda axis value: the release's PyPI default build (compat.toml pypi_default)
 _TOPOLOGY = re.compile(r"^(\d+)x(\d+)$")
 MAX_NODES = 4096  # nodes of a pool, and of a topology
 MAX_GPUS_PER_NODE = 128
@@ -93,6 +94,13 @@ def parse_nvidia_smi(text: str) -> LocalHost:
 class AxisSet:
     cuda: tuple[CudaVariant, ...]
     topology: tuple[str, ...]
+    release_default: bool = False  # cuda = ["default"]: each torch release's PyPI default variant (compat.toml)
+
+    def variants(self, torch: Version, table: compat_mod.CompatTable) -> tuple[CudaVariant, ...]:
+        """The CUDA variants of this axis for one torch release."""
+        release = table.release(torch)
+        extra = (release.pypi_default,) if self.release_default and release and release.pypi_default else ()
+        return tuple(dict.fromkeys((*self.cuda, *extra)))
 
 
 @dataclass(frozen=True)
@@ -245,17 +253,20 @@ def load_matrix(path: Path) -> MatrixSpec:
         raise doc.error(f"fallback = {fallback!r}", "matrix", "fallback",
                         hint='use "last-green" (the nightly channel runs the last green nightly when the newest '
                              "fails a guard), or leave it out")
+    gpu_cuda = tomlfile.str_list(doc, m, "cuda", "matrix", nonempty=True)
     gpu = AxisSet(
-        cuda=tuple(_parse(doc, CudaVariant.parse, v, "matrix", "cuda") for v in tomlfile.str_list(doc, m, "cuda", "matrix", nonempty=True)),
+        cuda=tuple(_parse(doc, CudaVariant.parse, v, "matrix", "cuda") for v in gpu_cuda if v != DEFAULT_VARIANT),
         topology=tuple(_topology_word(doc, t, "matrix") for t in tomlfile.str_list(doc, m, "topology", "matrix", default=["node"], nonempty=True)),
+        release_default=DEFAULT_VARIANT in gpu_cuda,
     )
     cpu_row = tomlfile.get(doc, m, "cpu", dict, "matrix", default={})
     tomlfile.check_keys(doc, cpu_row, ["cuda", "topology"], "matrix", "cpu")
+    cpu_cuda = tomlfile.str_list(doc, cpu_row, "cuda", "matrix", "cpu", default=list(gpu_cuda), nonempty=True)
     cpu = AxisSet(
-        cuda=tuple(_parse(doc, CudaVariant.parse, v, "matrix", "cpu", "cuda")
-                   for v in tomlfile.str_list(doc, cpu_row, "cuda", "matrix", "cpu", default=[v.tag for v in gpu.cuda])),
+        cuda=tuple(_parse(doc, CudaVariant.parse, v, "matrix", "cpu", "cuda") for v in cpu_cuda if v != DEFAULT_VARIANT),
         topology=tuple(_topology_word(doc, t, "matrix", "cpu")
                        for t in tomlfile.str_list(doc, cpu_row, "topology", "matrix", "cpu", default=["1x2"])),
+        release_default=DEFAULT_VARIANT in cpu_cuda,
     )
     torch = tomlfile.str_list(doc, m, "torch", "matrix", nonempty=True)
     for t in torch:
@@ -395,20 +406,22 @@ def expand(
     for name in spec.pools:
         pool = pools[name]
         axes = spec.gpu_axes if pool.has_gpu else spec.cpu_axes
-        for torch, cuda, python, topo in itertools.product(torch_versions, axes.cuda, spec.python, axes.topology):
-            combos.append((pool, torch, cuda, python, topo))
+        for torch in torch_versions:
+            for cuda, python, topo in itertools.product(axes.variants(torch, table), spec.python, axes.topology):
+                combos.append((pool, torch, cuda, python, topo))
     for rule in spec.includes:
         pool_name = rule.get("pool") or ""
         if pool_name not in pools:
             raise ConfigError(f"[[include]] names unknown pool {pool_name!r}", path=spec.path, line=rule.line)
         pool = pools[pool_name]
         axes = spec.gpu_axes if pool.has_gpu else spec.cpu_axes
-        cudas = [CudaVariant.parse(rule.get("cuda") or "")] if rule.get("cuda") else list(axes.cuda)
         torches = [parse_torch(rule.get("torch") or "")] if rule.get("torch") else list(torch_versions)
         pythons = [rule.get("python") or ""] if rule.get("python") else list(spec.python)
         topos = [rule.get("topology") or ""] if rule.get("topology") else list(axes.topology)
-        for torch, cuda, python, topo in itertools.product(torches, cudas, pythons, topos):
-            combos.append((pool, torch, cuda, python, topo))
+        for torch in torches:
+            cudas = [CudaVariant.parse(rule.get("cuda") or "")] if rule.get("cuda") else list(axes.variants(torch, table))
+            for cuda, python, topo in itertools.product(cudas, pythons, topos):
+                combos.append((pool, torch, cuda, python, topo))
 
     cells: dict[str, Cell] = {}
     pruned: dict[str, Pruned] = {}

@@ -47,6 +47,45 @@ class Resolution:
         return not self.problem
 
 
+_CUDA_RUNTIME = re.compile(r"^nvidia-cuda-runtime(?:-cu\d+)?==(\d+)\.(\d+)", re.I)
+
+
+def cuda_of(pins: Sequence[str]) -> str | None:
+    """The CUDA version a resolved torch was built for, read from the CUDA runtime wheel it pulls in
+    (`nvidia-cuda-runtime==13.2.51` -> "13.2"); None when it pulls in none (a CPU build, or a wheel
+    that bundles its libraries)."""
+    for pin in pins:
+        found = _CUDA_RUNTIME.match(pin)
+        if found:
+            return f"{found.group(1)}.{found.group(2)}"
+    return None
+
+
+def identity_problem(stack: Stack, pins: Sequence[str], table: CompatTable) -> ConfigError | None:
+    """The resolved stack is not the cell's: the compatibility table says one CUDA build and the wheel
+    source serves another (PyPI's default torch moved to a newer CUDA). Found before anything is built."""
+    found = cuda_of(pins)
+    wanted = stack.cuda.cuda_version
+    runtime = next((p for p in pins if _CUDA_RUNTIME.match(p)), "")
+    if wanted is None and found is None:
+        return None
+    if wanted is not None and (found is None or found == f"{wanted.major}.{wanted.minor}"):
+        return None  # (no runtime wheel: nothing to compare; the identity tests still check the build)
+    release = table.release(stack.torch)
+    what = f"a CUDA {found} build (it resolves with {runtime})" if found else "a build without CUDA wheels"
+    requirement = requirements(table, stack)[0]
+    if release is not None and release.pypi_default == stack.cuda:
+        return ConfigError(
+            f"[torch.\"{release.series}\"] pypi_default = \"{stack.cuda.tag}\", but the wheel source's default "
+            f"{requirement} is {what}: the table is stale, and the cell {stack.label} would test another stack",
+            path=table.path, line=release.line,
+            hint=(f"set pypi_default = \"cu{found.replace('.', '')}\" in that row" if found else "fix that row")
+                 + "; `stackgate compat refresh --index URL` derives each release's variants and default from an index")
+    return ConfigError(f"{requirement} for {stack.label} resolves to {what}, not {stack.cuda.tag}",
+                       path=table.path, line=release.line if release else None,
+                       hint="check the wheel source (--index-url / --find-links) and the table's row for this release")
+
+
 def is_network_failure(output: str) -> bool:
     """An installer's output says it could not reach an index: the machinery failed, not the stack.
     Both backends classify install failures with this."""
@@ -100,6 +139,9 @@ def resolve_stack(stack: Stack, table: CompatTable, host: PipConfig, env: Mappin
     if not result.ok:
         return _failed(stack, base, result)
     pins = _pins(result.tail)
+    wrong = identity_problem(stack, pins, table)
+    if wrong is not None:
+        raise wrong
     if deps is None or deps.empty:
         return Resolution(stack, base, pins)
     reqs = tuple(requirements(table, stack, deps.install_lines()))

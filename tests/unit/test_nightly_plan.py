@@ -54,7 +54,7 @@ def test_each_guard_names_its_reason() -> None:
 
 def test_the_pypi_default_variant_may_have_no_label() -> None:
     found = [_wheel("2.15.0.dev20261128")]
-    cell = _cell("2.15.0.dev20261128", "cu130")
+    cell = _cell("2.15.0.dev20261128", "cu132")  # compat.toml: 2.15's PyPI default is the CUDA 13.2 build
     assert nightly.for_cell(found, cell, "2.15.0.dev20261128", TABLE) is not None
     assert nightly.for_cell(found, _cell("2.15.0.dev20261128", "cu126"), "2.15.0.dev20261128", TABLE) is None
 

@@ -118,3 +118,41 @@ def test_environment_requirements_follow_pypi_default_variant() -> None:
     assert requirements(TABLE, cpu) == ["torch==2.13.0+cpu", "numpy", "pytest"]
     assert requirements(TABLE, default) == ["torch==2.14.1", "torchvision==0.29.1", "numpy", "pytest"]
     assert requirements(TABLE, Stack(parse_torch("2.14.1"), CudaVariant("cu126"), "3.11"), ())[0] == "torch==2.14.1+cu126"
+
+
+# ---- #18 item 3c: the stack's identity comes from what was resolved, checked before anything is built
+
+def test_a_stale_pypi_default_is_found_from_the_resolved_pins_naming_the_row(tmp_path: Path) -> None:
+    from stackgate import resolve
+    from stackgate.model import Stack
+    from stackgate.versions import CudaVariant
+    text = (ROOT / "matrix" / "compat.toml").read_text()
+    stale = tmp_path / "compat.toml"
+    stale.write_text(text.replace('pypi_default = "cu132"', 'pypi_default = "cu130"'))
+    table = compat.load_compat(stale)
+    pins = ("torch==2.15.0", "nvidia-cuda-runtime==13.2.86", "nvidia-nccl-cu13==2.31.1", "numpy==2.4.6")
+    wrong = resolve.identity_problem(Stack(parse_torch("2.15.0"), CudaVariant("cu130"), "3.11"), pins, table)
+    assert wrong is not None
+    row = next(i for i, line in enumerate(stale.read_text().splitlines(), 1)
+               if line.startswith("pypi_default") and i > stale.read_text().splitlines().index('[torch."2.15"]'))
+    assert wrong.line == row and f"{stale}:{row}:" in str(wrong)
+    assert "a CUDA 13.2 build (it resolves with nvidia-cuda-runtime==13.2.86)" in str(wrong)
+    assert wrong.hint is not None and 'set pypi_default = "cu132"' in wrong.hint
+    fixed = compat.load_compat(ROOT / "matrix" / "compat.toml")
+    assert resolve.identity_problem(Stack(parse_torch("2.15.0"), CudaVariant("cu132"), "3.11"), pins, fixed) is None
+    # a CPU stack that resolves to CUDA wheels is not what the cell asked for either
+    cpu = resolve.identity_problem(Stack(parse_torch("2.14.1"), CudaVariant("cpu"), "3.11"),
+                                   ("torch==2.14.1", "nvidia-cuda-runtime==13.0.96"), fixed)
+    assert cpu is not None and "not cpu" in str(cpu)
+    assert resolve.identity_problem(Stack(parse_torch("2.13.0"), CudaVariant("cpu"), "3.11"),
+                                    ("torch==2.13.0+cpu", "numpy==2.4.6"), fixed) is None
+    assert resolve.cuda_of(("nvidia-cuda-runtime-cu12==12.6.77",)) == "12.6"
+
+
+def test_cpu_pools_take_each_releases_pypi_default_build() -> None:
+    from stackgate import matrix
+    from tests.unit.test_matrix import _expand
+    ids = {c.id for c in _expand("upgrade.toml", matrix.LocalHost(), candidate="2.15.0").cells}
+    assert "local-cpu-cu132-torch2.15.0-py3.11-1x2" in ids
+    ids = {c.id for c in _expand("upgrade.toml", matrix.LocalHost(), candidate="2.14.1").cells}
+    assert "local-cpu-cu130-torch2.14.1-py3.11-1x2" in ids
