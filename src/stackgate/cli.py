@@ -59,6 +59,15 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--compat-package", action="store_true", help="the image carries cuda-compat")
     check.add_argument("--compat-file", help="compatibility table (default: the bundled compat.toml)")
     check.add_argument("--json", action="store_true")
+    refresh = comp.add_parser("refresh", help="derive each torch release's CUDA variants, Pythons and PyPI default "
+                                              "from wheel indexes; exit 1 when compat.toml differs")
+    refresh.add_argument("--index", action="append", required=True, metavar="URL",
+                         help="a PEP 503 index root (https://pypi.org/simple, https://download.pytorch.org/whl, "
+                              "file://DIR; repeatable: the rows are the union)")
+    refresh.add_argument("--compat-file", help="compatibility table (default: the bundled compat.toml)")
+    refresh.add_argument("--series", action="append", default=[], metavar="X.Y",
+                         help="only these release series (default: every one the indexes list)")
+    refresh.add_argument("--write", action="store_true", help="rewrite the rows that differ in --compat-file")
 
     mx = sub.add_parser("matrix", help="matrix tools").add_subparsers(dest="matrix_command", required=True)
     show = mx.add_parser("show", help="print the expanded matrix with reasons")
@@ -155,7 +164,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "ci":
         return _ci_github(args)
     if args.command == "compat":
-        return _compat_check(args)
+        return _compat_refresh(args) if args.compat_command == "refresh" else _compat_check(args)
     if args.command == "matrix":
         return _matrix_show(args)
     if args.command == "history":
@@ -168,6 +177,31 @@ def _dispatch(args: argparse.Namespace) -> int:
         from stackgate import selftest
         return selftest.main(as_json=args.json)
     raise AssertionError(args.command)  # pragma: no cover - argparse enforces the choices
+
+
+def _compat_refresh(args: argparse.Namespace) -> int:
+    from stackgate import compat, compat_refresh
+    from stackgate.bundled import MATRIX_DIR
+    path = Path(args.compat_file).absolute() if args.compat_file else MATRIX_DIR / "compat.toml"
+    table = compat.load_compat(path)
+    rows = compat_refresh.derive(compat_refresh.list_torch_wheels(args.index), args.series)
+    changed = compat_refresh.differences(table, rows)
+    for row in rows.values():
+        print(row.toml())
+    if not changed:
+        print(f"{path}: agrees with the index(es) for {', '.join(rows) or 'no release'}")
+        return 0
+    print(f"{path} differs from the index(es):")
+    for line in changed:
+        print(f"  - {line}")
+    if args.write:
+        path.write_text(compat_refresh.rewrite(path.read_text(), {k: rows[k] for k in rows
+                                                                  if any(f'"{k}"' in c for c in changed)}))
+        compat.load_compat(path)  # what was written must load
+        print(f"wrote {path}")
+        return 0
+    print("rerun with --write to rewrite those rows")
+    return 1
 
 
 def _compat_check(args: argparse.Namespace) -> int:

@@ -156,3 +156,49 @@ def test_cpu_pools_take_each_releases_pypi_default_build() -> None:
     assert "local-cpu-cu132-torch2.15.0-py3.11-1x2" in ids
     ids = {c.id for c in _expand("upgrade.toml", matrix.LocalHost(), candidate="2.14.1").cells}
     assert "local-cpu-cu130-torch2.14.1-py3.11-1x2" in ids
+
+
+def _index(root: Path, wheels: dict[str, str]) -> str:
+    """A PEP 503 index with torch wheels (empty files) and their PEP 658 .metadata."""
+    page = root / "torch"
+    page.mkdir(parents=True)
+    anchors = []
+    for name, metadata in wheels.items():
+        (page / name).write_bytes(b"")
+        (page / f"{name}.metadata").write_text(metadata)
+        anchors.append(f'<a href="{name}">{name}</a>')
+    (page / "index.html").write_text("<html><body>" + "\n".join(anchors) + "</body></html>")
+    return root.as_uri()
+
+
+def test_compat_refresh_derives_variants_pythons_and_the_pypi_default_from_an_index(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from stackgate.cli import main
+    base = "Metadata-Version: 2.1\nName: torch\nRequires-Dist: filelock\n"
+    url = _index(tmp_path / "index", {
+        "torch-2.15.0-cp311-cp311-manylinux_2_28_x86_64.whl":
+            base + 'Requires-Dist: nvidia-cuda-runtime==13.2.86; platform_system == "Linux"\n',
+        "torch-2.15.0+cu130-cp311-cp311-manylinux_2_28_x86_64.whl": base,
+        "torch-2.15.0+cpu-cp314-cp314t-manylinux_2_28_x86_64.whl": base,
+        "torch-2.15.0-cp312-none-macosx_11_0_arm64.whl": base,  # a Python, never the default's CUDA
+        "torch-2.16.0.dev20261201+cpu-cp311-cp311-manylinux_2_28_x86_64.whl": base,  # not a release
+    })
+    stale = tmp_path / "compat.toml"
+    stale.write_text((ROOT / "matrix" / "compat.toml").read_text().replace('pypi_default = "cu132"',
+                                                                           'pypi_default = "cu130"'))
+    assert main(["compat", "refresh", "--index", url, "--compat-file", str(stale)]) == 1
+    out = capsys.readouterr().out
+    assert '[torch."2.15"] pypi_default = "cu130", the index serves "cu132" by default' in out
+    assert 'cuda = ["cpu", "cu130", "cu132"]' in out and 'python = ["3.11", "3.12", "3.14t"]' in out
+    assert "2.16" not in out
+    assert main(["compat", "refresh", "--index", url, "--compat-file", str(stale), "--write"]) == 0
+    fixed = compat.load_compat(stale)
+    row = fixed.torch["2.15"]
+    assert row.pypi_default == CudaVariant("cu132") and [v.tag for v in row.cuda] == ["cpu", "cu130", "cu132"]
+    assert row.python == ("3.11", "3.12", "3.14t")
+    assert fixed.torch["2.14"] == TABLE.torch["2.14"]  # the other rows, and the comments, are kept
+    assert "min_driver" in stale.read_text() and stale.read_text().count("#") == (
+        ROOT / "matrix" / "compat.toml").read_text().count("#") - 1  # (the 2.15 row's own comment was rewritten)
+    capsys.readouterr()
+    assert main(["compat", "refresh", "--index", url, "--compat-file", str(stale)]) == 0
+    assert "agrees with the index(es)" in capsys.readouterr().out
