@@ -359,3 +359,56 @@ def test_a_preexisting_failure_is_listed_with_both_messages() -> None:
     assert known.candidate == "failed: AssertionError"
     assert known.production == "error: fixture 'worker_id' not found"
     assert [r.kind for r in out.verdict.reasons if r.test == COMPILE] == ["preexisting-failure"]
+
+
+# ---- situations that must never reach the gate: bad input that would give a false verdict is exit 2
+
+def _config_required_glob_typo() -> None:
+    """#18 item 1: `required = ["lcoal-*"]` made nothing required (a failing candidate was GO)."""
+    from stackgate import matrix
+    from tests.unit.test_matrix import _expand
+    matrix.require(_expand("upgrade.toml", matrix.LocalHost()), ["lcoal-*"])
+
+
+def _config_rtol_nan() -> None:
+    """#18 item 2: `rtol = nan` turned a 100x loss divergence into GO."""
+    import tempfile
+    from pathlib import Path
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "policy.toml"
+        path.write_text("[[numerics.metric]]\nname = '*.loss'\nrtol = nan\n")
+        load_policy(path)
+
+
+def _config_stale_pypi_default() -> None:
+    """#18 item 3c: PyPI's 2.15.0 is a CUDA 13.2 build; a table saying cu130 built the wrong stack."""
+    import tempfile
+    from pathlib import Path
+
+    from stackgate import compat, resolve
+    from stackgate.model import Stack
+    from stackgate.versions import CudaVariant, parse_torch
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "compat.toml"
+        path.write_text((bundled.MATRIX_DIR / "compat.toml").read_text().replace('pypi_default = "cu132"',
+                                                                                  'pypi_default = "cu130"'))
+        wrong = resolve.identity_problem(Stack(parse_torch("2.15.0"), CudaVariant("cu130"), "3.11"),
+                                         ("torch==2.15.0", "nvidia-cuda-runtime==13.2.86"), compat.load_compat(path))
+    if wrong is not None:
+        raise wrong
+
+
+CONFIG_ROWS = [
+    (_config_required_glob_typo, "matches no cell of the matrix"),
+    (_config_rtol_nan, "'rtol' = nan is not a finite number"),
+    (_config_stale_pypi_default, 'pypi_default = "cu130", but the wheel source\'s default torch==2.15.0 is a CUDA 13.2'),
+]
+
+
+@pytest.mark.parametrize(("situation", "words"), CONFIG_ROWS, ids=[r[0].__name__[8:] for r in CONFIG_ROWS])
+def test_bad_input_that_would_give_a_false_verdict_never_reaches_the_gate(situation: Callable[[], None],
+                                                                          words: str) -> None:
+    from stackgate.errors import ConfigError, ExitCode
+    with pytest.raises(ConfigError) as info:
+        situation()
+    assert words in str(info.value) and info.value.exit_code is ExitCode.CONFIG
