@@ -214,11 +214,18 @@ def parse_junit(paths: list[Path]) -> tuple[TestOutcome, ...]:
                     outcome = {"failure": "failed", "error": "error", "skipped": "skipped"}[tag]
                     message = (node.get("message") or "") + ("\n" + node.text if node.text and tag != "skipped" else "")
                     break
-            current = TestOutcome(name, Outcome(outcome), float(case.get("time") or 0.0), message.strip()[-4000:])
+            current = TestOutcome(name, Outcome(outcome), float(case.get("time") or 0.0), _clip(message.strip()))
             previous = merged.get(name)
             if previous is None or rank[outcome] > rank[previous.outcome]:
                 merged[name] = current
     return tuple(merged.values())
+
+
+def _clip(message: str, keep: int = 4000) -> str:
+    """A test's message: its head (the exception's first line, which the reasons quote) and its tail."""
+    if len(message) <= keep:
+        return message
+    return f"{message[:keep // 2]}\n[... {len(message) - keep} characters left out ...]\n{message[-keep // 2:]}"
 
 
 def _case_name(case: ET.Element) -> str:

@@ -164,3 +164,15 @@ def test_production_keeps_its_own_source_on_the_nightly_channel() -> None:
     cand = next(c for c in exp.cells if c.role.value == "candidate")
     assert cand.stack.source.pre and cand.stack.source.index_url == spec.source.index_url
     assert not prod.stack.source.pre and prod.stack.source.index_url is None  # the host's stable configuration
+
+
+def test_a_long_test_message_keeps_its_first_line(tmp_path: Path) -> None:
+    """The reasons quote a failure's first line: a long message lost it (only its last 4000 characters
+    were kept) and the reason quoted a line from the middle of a dumped dict."""
+    body = "AssertionError: not run under pytest-xdist\nassert None\n + where None = " + "x" * 20000
+    (tmp_path / "junit.xml").write_text(
+        '<testsuite><testcase classname="t" file="test_t.py" name="test_x"><failure message="m">'
+        + body + "</failure></testcase></testsuite>")
+    [outcome] = suite.parse_junit([tmp_path / "junit.xml"])
+    assert outcome.message.startswith("m\nAssertionError: not run under pytest-xdist")
+    assert outcome.message.endswith("x" * 100) and len(outcome.message) < 4100
