@@ -26,6 +26,8 @@ class FakeEngine:
     builds: list[str] = field(default_factory=list)
     groups: list[tuple[list[ContainerSpec], str | None]] = field(default_factory=list)
     exit_codes: tuple[int, ...] = (0, 0)
+    probe: str = "stackgate-probe 2.14.1+cu130"  # what a cached image's check prints
+    removed: list[str] = field(default_factory=list)
 
     def problem(self) -> str | None:
         return None
@@ -45,8 +47,16 @@ class FakeEngine:
     def read_file(self, tag: str, path: str) -> str:
         return "torch==2.14.1\nnumpy==2.0\n"
 
+    def remove_images(self, tags: Sequence[str]) -> None:
+        for tag in tags:
+            self.removed.append(tag)
+            del self.images[tag]
+
     def run_group(self, specs: Sequence[ContainerSpec], *, network: str | None, timeout_s: float,
                   on_line: object) -> list[ContainerExit]:
+        if specs and not specs[0].mounts:  # the check of a cached image: `python -c 'import torch'`
+            return [ContainerExit(specs[0].name, 0 if self.probe.startswith("stackgate-probe") else 1, False, False,
+                                  self.probe)]
         self.groups.append((list(specs), network))
         out = []
         for i, spec in enumerate(specs):
@@ -234,3 +244,17 @@ def test_a_full_disk_while_downloading_is_an_infra_error(backend: tuple[DockerBa
                                    "device")
     with pytest.raises(InfraError, match="the disk is full"):
         docker.prepare(STACK, tmp_path / "build.log")
+
+
+def test_a_cached_image_that_fails_its_check_is_rebuilt(backend: tuple[DockerBackend, FakeEngine],
+                                                       tmp_path: Path) -> None:
+    """#18 item 3 on the Docker backend: a cached image is checked (its python imports torch at the
+    stack's version) before it is reused."""
+    docker, engine = backend
+    first = docker.prepare(STACK, tmp_path / "build.log")
+    assert docker.prepare(STACK, tmp_path / "build.log").reused
+    engine.probe = "ImportError: libtorch_cpu.so: cannot open shared object file"
+    again = docker.prepare(STACK, tmp_path / "build.log")
+    assert not again.reused and engine.removed == [first.ref] and len(engine.builds) == 2
+    engine.probe = "stackgate-probe 2.12.0+cu130"
+    assert not docker.prepare(STACK, tmp_path / "build.log").reused  # another torch in the image: rebuilt too

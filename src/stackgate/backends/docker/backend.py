@@ -23,6 +23,8 @@ from stackgate.sources import PipConfig, host_config_problem, installer_args
 from stackgate.suite import Layout, NodeCommand, NodeExit, suite_digest
 from stackgate.suite_deps import SuiteDeps
 
+PROBE = "import torch; print('stackgate-probe', torch.__version__)"
+
 SUITE_IN_IMAGE = "/opt/stackgate/suite"
 RDZV_PORT = 29400
 
@@ -82,6 +84,12 @@ class DockerBackend:
         key = images.image_key(template, base_id, every, suite_digest(self.suite_dir), [*reqs, *extra])
         tag = f"stackgate/stack:{stack.label}-{key}"
         found = self.engine.image_labels(tag)
+        if found is not None:
+            broken = self._image_problem(tag, stack)
+            if broken:  # the same rule as a cached venv: checked before reuse, rebuilt when broken
+                self.say(f"  cached image {tag} is broken ({broken[:300]}): rebuilding it")
+                self.engine.remove_images([tag])
+                found = None
         if found is None:
             dockerfile = images.render(template, base=base, requirements=reqs, suite_requirements=extra,
                                        label_map=images.labels(stack, house, base, base_id, key))
@@ -109,6 +117,23 @@ class DockerBackend:
         except Exception as exc:
             sbom["sbom_error"] = str(exc)
         return EnvHandle(stack, tag, key, reused=reused, prepare_s=time.monotonic() - start, sbom=sbom)
+
+    def _image_problem(self, tag: str, stack: Stack) -> str:
+        """Why a cached image cannot be reused ("" when it can): its interpreter runs and imports torch at
+        the stack's version (one short container, about 2 s; the layers themselves are content-addressed)."""
+        probe = ContainerSpec(name=f"sg-check-{stack.content_hash[:8]}-{os.getpid()}", image=tag,
+                              command=("python", "-c", PROBE), env={}, mounts=(), hostname="check",
+                              user=f"{os.getuid()}:{os.getgid()}")
+        try:
+            [ran] = self.engine.run_group([probe], network=None, timeout_s=300, on_line=None)
+        except InfraError as exc:
+            return f"its check could not run: {exc}"
+        found = [line.split() for line in ran.log.splitlines() if line.startswith("stackgate-probe ")]
+        if ran.exit_code != 0 or not found:
+            return f"`python -c 'import torch'` failed (exit {ran.exit_code}): {ran.log.strip()[-300:]}"
+        if found[-1][1].split("+")[0] != stack.torch_public:
+            return f"it imports torch {found[-1][1]}, not {stack.torch_public}"
+        return ""
 
     def layout(self, handle: EnvHandle, exe: Execution) -> Layout:
         """Nodes are containers: the cell's directories are mounted at /sg/..., the bundled suite is
