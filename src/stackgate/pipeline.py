@@ -20,7 +20,7 @@ from typing import Any
 
 from packaging.version import Version
 
-from stackgate import bundle, gate, history, matrix, probe, proc, resolve, results, sources, suite_deps
+from stackgate import bundle, gate, history, matrix, probe, proc, resolve, results, rundir, sources, suite_deps
 from stackgate import compat as compat_mod
 from stackgate.backends.base import Backend, EnvHandle, Execution, PrepareFailed, RunContext, run_cell
 from stackgate.bundled import BUNDLED_SUITE
@@ -235,62 +235,66 @@ def run(opts: Options, env: Mapping[str, str], say: Printer | None = None) -> in
     else:
         run_id = opts.run_id or new_run_id(loaded.spec.name)
         run_dir = opts.reports / run_id
-        if (run_dir / results.RESULTS).exists():
+    owner = rundir.claim(run_dir)  # before anything is written: a second run of this id exits 2
+    try:
+        if not opts.resume and (run_dir / results.RESULTS).exists():
             raise ConfigError(f"run {run_id} already has results in {run_dir}", hint="use --resume to continue it")
-    defined = definition(opts, loaded)
-    selected = bundle.selection(pools=opts.pool, only=opts.only, shard=opts.shard)
-    if opts.resume:
-        bundle.check_resume(run_dir, defined, selected)
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        if not opts.resume or probes:
-            bundle.write_manifest(run_dir, defined=defined, selected=selected, cells=[c.id for c in chosen.cells],
-                                  host_probe={p.pool: p.to_json() for p in probes},
-                                  options=bundle.defining_options(opts.describe(), Path.cwd()))
-    except OSError as exc:
-        raise InfraError(f"cannot create {run_dir}: {exc.strerror}") from None
-    torn = results.repair_tail(run_dir)
-    if torn is not None:
-        say(f"repaired a torn last line of {results.RESULTS} (kept in {results.TORN}): {torn[:120]}")
-    done = results.read(run_dir)
-    started = now()
-    say(f"stackgate {loaded.spec.name}: run {run_id}, {len(chosen.cells)} cell(s) here, "
-        f"{len(chosen.not_here)} not run here, {len(chosen.pruned)} pruned -> {run_dir}")
-    for left in chosen.not_here:
-        say(f"  not run here: {left.cell.id}")
+        defined = definition(opts, loaded)
+        selected = bundle.selection(pools=opts.pool, only=opts.only, shard=opts.shard)
+        if opts.resume:
+            bundle.check_resume(run_dir, defined, selected)
+        try:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            if not opts.resume or probes:
+                bundle.write_manifest(run_dir, defined=defined, selected=selected, cells=[c.id for c in chosen.cells],
+                                      host_probe={p.pool: p.to_json() for p in probes},
+                                      options=bundle.defining_options(opts.describe(), Path.cwd()))
+        except OSError as exc:
+            raise InfraError(f"cannot create {run_dir}: {exc.strerror}") from None
+        torn = results.repair_tail(run_dir)
+        if torn is not None:
+            say(f"repaired a torn last line of {results.RESULTS} (kept in {results.TORN}): {torn[:120]}")
+        done = results.read(run_dir)
+        started = now()
+        say(f"stackgate {loaded.spec.name}: run {run_id}, {len(chosen.cells)} cell(s) here, "
+            f"{len(chosen.not_here)} not run here, {len(chosen.pruned)} pruned -> {run_dir}")
+        for left in chosen.not_here:
+            say(f"  not run here: {left.cell.id}")
 
-    for cell in chosen.cells:  # a host that does not match its pool, or is unhealthy, runs nothing
-        found = unfit.get(cell.pool.name)
-        if found is not None and (cell.id not in done or done[cell.id].status.is_machinery):
-            results.append(run_dir, CellResult(cell.id, cell.role, Status(found.status), reason="; ".join(
-                found.evidence), cell=cell.to_json(), environment={"host_probe": found.to_json()}))
-        elif cell.id in blocked and (cell.id not in done or done[cell.id].status.is_machinery):
-            results.append(run_dir, CellResult(cell.id, cell.role, Status.NO_BUILD, reason=blocked[cell.id],
-                                               cell=cell.to_json()))
-    done = results.read(run_dir)
-    suite = suite_spec(opts, platform_checks=opts.platform_checks)
-    say(f"suite {suite.path}; policy: {loaded.policy.origin}")
-    progress = Progress(say)
-    ctx = RunContext(run_id=run_id, run_dir=run_dir, suite=suite, on_line=progress.line,
-                     suite_deps={} if deps.empty else deps.describe(), select=tuple(opts.tests))
-    interrupted: KeyboardInterrupt | None = None
-    try:
-        _run_cells(backend, runnable, ctx, done, opts, progress, console, resolutions, loaded.policy)
-    except KeyboardInterrupt as exc:
-        interrupted = exc
-        stopped = proc.stop_all()
-        say(f"interrupted: stopped {stopped} process tree(s); writing the report from the cells that finished "
-            f"(continue with --resume {run_id})")
+        for cell in chosen.cells:  # a host that does not match its pool, or is unhealthy, runs nothing
+            found = unfit.get(cell.pool.name)
+            if found is not None and (cell.id not in done or done[cell.id].status.is_machinery):
+                results.append(run_dir, CellResult(cell.id, cell.role, Status(found.status), reason="; ".join(
+                    found.evidence), cell=cell.to_json(), environment={"host_probe": found.to_json()}))
+            elif cell.id in blocked and (cell.id not in done or done[cell.id].status.is_machinery):
+                results.append(run_dir, CellResult(cell.id, cell.role, Status.NO_BUILD, reason=blocked[cell.id],
+                                                   cell=cell.to_json()))
+        done = results.read(run_dir)
+        suite = suite_spec(opts, platform_checks=opts.platform_checks)
+        say(f"suite {suite.path}; policy: {loaded.policy.origin}")
+        progress = Progress(say)
+        ctx = RunContext(run_id=run_id, run_dir=run_dir, suite=suite, on_line=progress.line,
+                         suite_deps={} if deps.empty else deps.describe(), select=tuple(opts.tests))
+        interrupted: KeyboardInterrupt | None = None
+        try:
+            _run_cells(backend, runnable, ctx, done, opts, progress, console, resolutions, loaded.policy)
+        except KeyboardInterrupt as exc:
+            interrupted = exc
+            stopped = proc.stop_all()
+            say(f"interrupted: stopped {stopped} process tree(s); writing the report from the cells that finished "
+                f"(continue with --resume {run_id})")
+        finally:
+            backend.close()
+        with _signals_held() if interrupted is not None else contextlib.nullcontext():
+            code, history_error = _decide_and_report(opts, env, loaded, chosen, run_id, run_dir, started, say)
+        if interrupted is not None:
+            raise interrupted
+        if history_error:
+            raise InfraError(history_error + f" (the reports are written: {run_dir})",
+                             hint="check the file, or pass --history PATH to use another database")
+        return code
     finally:
-        backend.close()
-    with _signals_held() if interrupted is not None else contextlib.nullcontext():
-        code, history_error = _decide_and_report(opts, env, loaded, chosen, run_id, run_dir, started, say)
-    if interrupted is not None:
-        raise interrupted
-    if history_error:
-        raise InfraError(history_error + f" (the reports are written: {run_dir})",
-                         hint="check the file, or pass --history PATH to use another database")
-    return code
+        owner.release()
 
 
 def dry_run(opts: Options, env: Mapping[str, str], say: Printer | None = None) -> int:

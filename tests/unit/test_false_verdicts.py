@@ -69,3 +69,33 @@ def test_merge_of_bundles_run_with_suite_names_the_option_to_repeat(no_subproces
     assert "belongs to another run definition" in str(info.value)
     assert info.value.hint is not None and "the bundles agree with each other" in info.value.hint
     assert "--suite " in info.value.hint and "plain_suite" in info.value.hint
+
+
+def test_a_run_directory_belongs_to_one_live_run(no_subprocesses: MemoryBackend, tmp_path: Path) -> None:
+    """#19 item 6: two runs with the same --run-id shared one directory and swapped results."""
+    import subprocess
+    import sys
+    import time
+
+    from stackgate import rundir
+    run_dir = tmp_path / "r" / "mem"
+    run_dir.mkdir(parents=True)
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import fcntl, os, sys, time\n"
+        f"fd = os.open({str(run_dir / rundir.OWNER)!r}, os.O_RDWR | os.O_CREAT)\n"
+        "fcntl.flock(fd, fcntl.LOCK_EX)\nos.write(fd, b'pid %d on the other run' % os.getpid())\n"
+        "print('held', flush=True)\ntime.sleep(60)\n")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        with pytest.raises(ConfigError) as info:
+            pipeline.run(memory_options(tmp_path), {}, lambda _: None)
+        assert f"run directory {run_dir} belongs to a live run: pid {holder.pid} on the other run" in str(info.value)
+        assert not (run_dir / "results.jsonl").exists() and not (run_dir / "run.json").exists()  # nothing written
+    finally:
+        holder.kill()
+        holder.wait()
+        if holder.stdout is not None:
+            holder.stdout.close()
+    time.sleep(0.1)
+    assert pipeline.run(memory_options(tmp_path), {}, lambda _: None) in (0, 1)  # a dead owner's claim is gone
+    assert "pid" in (run_dir / rundir.OWNER).read_text()
