@@ -232,6 +232,10 @@ def _cell_reasons(cell: Cell, result: CellResult, is_required: bool, policy: Pol
         out.append(Reason(bad, f"{prefix}cell {result.status.value}: {result.reason}", cell=cell.id,
                           kind=f"cell-{result.status.value}"))
         return out, known
+    left = result.environment.get("leftover_processes") or []
+    if left:
+        out.append(Reason(Severity.INFO, f"{len(left)} process(es) outlived the suite and were ended: "
+                          + "; ".join(str(x)[:120] for x in left[:3]), cell=cell.id, kind="leftover-process"))
     wanted = list(policy.required_tests) + ([] if is_prod else list(policy.candidate_tests))
     failed = [t for t in result.tests if _is_failure(t.outcome)]
     before = {t.name: t for t in baseline.tests} if baseline is not None else {}

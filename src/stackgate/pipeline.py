@@ -243,6 +243,11 @@ def run(opts: Options, env: Mapping[str, str], say: Printer | None = None) -> in
         selected = bundle.selection(pools=opts.pool, only=opts.only, shard=opts.shard)
         if opts.resume:
             bundle.check_resume(run_dir, defined, selected)
+            # this run owns the directory now, so what still carries its id was left by the run that died
+            ended = proc.end_marked({"STACKGATE_RUN_ID": run_id})
+            if ended:
+                say(f"resume: ended {len(ended)} process(es) the dead run {run_id} left running: "
+                    + "; ".join(f"pid {pid} ({cmd[:80]})" for pid, cmd in ended[:5]))
         try:
             run_dir.mkdir(parents=True, exist_ok=True)
             if not opts.resume or probes:

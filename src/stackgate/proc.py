@@ -212,3 +212,37 @@ def capture(argv: Sequence[str], *, env: Mapping[str, str] | None = None, timeou
     if proc.returncode != 0:
         raise InfraError(f"{shlex.join(argv)} exited {proc.returncode}: {proc.stderr.strip()[-500:]}")
     return proc.stdout
+
+
+def marked(marks: Mapping[str, str]) -> list[tuple[int, str]]:
+    """Live processes (pid, command line) whose environment carries every `NAME=value` of `marks`,
+    e.g. the STACKGATE_RUN_ID and STACKGATE_CELL a node's command sets: what a suite started, whatever
+    session it escaped into. Never this process."""
+    needles = [f"{k}={v}".encode() for k, v in marks.items()]
+    found = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        pid = int(environ.parent.name)
+        if pid == os.getpid():
+            continue
+        try:
+            entries = environ.read_bytes().split(b"\0")
+            if all(n in entries for n in needles) and _alive(pid):
+                cmdline = (environ.parent / "cmdline").read_bytes().replace(b"\0", b" ").decode("utf-8", "replace")
+                found.append((pid, cmdline.strip()[:200]))
+        except OSError:
+            continue  # gone, or not ours to read
+    return found
+
+
+def end_marked(marks: Mapping[str, str], grace_s: float = 3.0) -> list[tuple[int, str]]:
+    """End every process `marked` finds (SIGTERM, then SIGKILL after `grace_s`); returns what it ended."""
+    found = marked(marks)
+    pids = [pid for pid, _ in found]
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        _signal_tree(pids, sig)
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and any(_alive(pid) for pid in pids):
+            time.sleep(0.1)
+        if not any(_alive(pid) for pid in pids):
+            break
+    return found

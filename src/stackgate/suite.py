@@ -165,6 +165,7 @@ class NodeExit:
     oom_killed: bool = False
     duration_s: float = 0.0
     tail: str = ""
+    leftovers: tuple[str, ...] = ()  # processes of this node's command still alive after it ended: ended then
 
 
 def node_commands(cell: Cell, ctx: RunContext, layout: Layout) -> list[tuple[NodeCommand, ...]]:
@@ -343,6 +344,9 @@ def build_result(cell: Cell, procs: Sequence[NodeExit], workdir: Path, duration_
     records = parse_records(sorted(workdir.glob("results-node*.jsonl")))
     status, reason = classify(procs, tests, phase)
     environment = {**records.environment, **(extra_env or {})}
+    leftovers = [p for e in procs for p in e.leftovers]
+    if leftovers:
+        environment["leftover_processes"] = leftovers
     if records.problems:
         environment["record_problems"] = records.problems
         if status in (Status.PASSED, Status.FAILED):  # evidence that cannot be read is not evidence

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import csv
+import dataclasses
 import hashlib
 import json
 import os
@@ -186,7 +187,15 @@ class VenvBackend:
             t.start()
         for t in threads:
             t.join()
-        return tuple(e for e in exits if e is not None)
+        done = [e for e in exits if e is not None]
+        if commands and done:  # what the suite started and left running (a daemon in a session of its own)
+            marks = {k: commands[0].env[k] for k in ("STACKGATE_RUN_ID", "STACKGATE_CELL") if k in commands[0].env}
+            ended = proc.end_marked(marks) if len(marks) == 2 else []
+            if ended:
+                self.say(f"  ended {len(ended)} process(es) that outlived the suite: "
+                         + "; ".join(f"pid {pid} ({cmd[:80]})" for pid, cmd in ended))
+                done[0] = dataclasses.replace(done[0], leftovers=tuple(f"pid {pid}: {cmd}" for pid, cmd in ended))
+        return tuple(done)
 
     def describe(self, handle: EnvHandle) -> dict[str, Any]:
         return {"backend": "venv", "env_key": handle.key}
