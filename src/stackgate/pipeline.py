@@ -856,11 +856,34 @@ def _phase_ctx(ctx: RunContext, cell: Cell, by_id: Mapping[str, Cell]) -> RunCon
     target = artifacts_dir(ctx.run_dir, cell)
     target.mkdir(parents=True, exist_ok=True)
     base = by_id.get(cell.baseline)
+    refused: tuple[str, ...] = ()
     if cell.role is Role.CANDIDATE and base is not None:
         written = artifacts_dir(ctx.run_dir, base) / "production"
         if written.is_dir():
-            shutil.copytree(written, target / "production", dirs_exist_ok=True)
-    return replace(ctx, phase="main", against=None, artifacts=target)
+            refused = copy_artifacts(written, target / "production", ctx.run_dir)
+    return replace(ctx, phase="main", against=None, artifacts=target, refused_links=refused)
+
+
+def copy_artifacts(source: Path, target: Path, run_dir: Path) -> tuple[str, ...]:
+    """Copy what production wrote for a candidate to read, never following a link out of the run
+    directory (a test could leave one to /etc/passwd, and the bundle would hold a copy of it): such a
+    link is not copied, and is returned ("<path> -> <where it points>") as evidence that cannot be used."""
+    refused: list[str] = []
+    inside = run_dir.resolve()
+
+    def ignore(folder: str, names: list[str]) -> set[str]:
+        skip = set()
+        for name in names:
+            path = Path(folder) / name
+            if path.is_symlink():
+                where = path.resolve()
+                if where != inside and inside not in where.parents:
+                    refused.append(f"{path.relative_to(source)} -> {path.readlink()}")
+                    skip.add(name)
+        return skip
+
+    shutil.copytree(source, target, dirs_exist_ok=True, symlinks=True, ignore=ignore)
+    return tuple(refused)
 
 
 def _run_one(backend: Backend, cell: Cell, handle: Handle, ctx: RunContext, progress: Progress,

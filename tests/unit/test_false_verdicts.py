@@ -99,3 +99,37 @@ def test_a_run_directory_belongs_to_one_live_run(no_subprocesses: MemoryBackend,
     time.sleep(0.1)
     assert pipeline.run(memory_options(tmp_path), {}, lambda _: None) in (0, 1)  # a dead owner's claim is gone
     assert "pid" in (run_dir / rundir.OWNER).read_text()
+
+
+def test_links_out_of_the_run_directory_are_never_followed_when_artifacts_are_copied(tmp_path: Path) -> None:
+    """#19 item 9: a production test left a link to /etc/passwd; the bundle held a copy of it."""
+    run = tmp_path / "run"
+    written = run / "artifacts" / "local-1x2" / "production-main" / "production"
+    (written / "ckpt").mkdir(parents=True)
+    (written / "ckpt" / "model.pt").write_bytes(b"weights")
+    (written / "passwd").symlink_to("/etc/passwd")
+    (written / "etc").symlink_to("/etc", target_is_directory=True)
+    (written / "same").symlink_to("ckpt/model.pt")  # inside the run directory: kept, as a link
+    target = run / "artifacts" / "local-1x2" / "cand" / "production"
+    refused = pipeline.copy_artifacts(written, target, run)
+    assert sorted(refused) == ["etc -> /etc", "passwd -> /etc/passwd"]
+    assert not (target / "passwd").exists() and not (target / "passwd").is_symlink() and not (target / "etc").exists()
+    assert (target / "ckpt" / "model.pt").read_bytes() == b"weights" and (target / "same").is_symlink()
+
+
+def test_a_refused_link_makes_the_candidate_inconclusive(no_subprocesses: MemoryBackend, run_memory: RunMemory,
+                                                         tmp_path: Path) -> None:
+    def script(command: NodeCommand, exe: Execution) -> NodeExit:
+        if command.env["STACKGATE_ROLE"] == "production" and command.env["STACKGATE_PHASE"] == "main":
+            written = Path(command.env["STACKGATE_ARTIFACTS"]) / "production"
+            written.mkdir(parents=True, exist_ok=True)
+            if not (written / "passwd").is_symlink():
+                (written / "passwd").symlink_to("/etc/passwd")
+        return answer(command, {"test_model.py::test_ok": "passed"})
+    no_subprocesses.script = script
+    code, report, _ = run_memory()
+    assert report["decision"] == "INCONCLUSIVE"
+    [reason] = [r for r in report["reasons"] if r["kind"] == "bad-artifact"]
+    assert "passwd -> /etc/passwd" in reason["message"]
+    copied = list((tmp_path / "r" / "mem" / "artifacts").rglob("passwd"))
+    assert all(p.is_symlink() and "production-main" in str(p) for p in copied)  # only the one the test made

@@ -42,6 +42,7 @@ class RunContext:
     artifacts: Path | None = None  # STACKGATE_ARTIFACTS for this run of the cell (set by the pipeline)
     select: tuple[str, ...] = ()  # repeats: only these test node ids
     suite_deps: Mapping[str, Any] = field(default_factory=dict)  # what the suite installs (for the report)
+    refused_links: tuple[str, ...] = ()  # links out of the run directory not copied into this run's artifacts
 
     def result_id(self, cell: Cell) -> str:
         return cell.result_id(self.phase, self.against)
@@ -122,7 +123,8 @@ def run_cell(backend: Backend, cell: Cell, handle: EnvHandle, ctx: RunContext) -
     exits: list[NodeExit] = []
     for group in node_commands(cell, ctx, layout):
         exits += backend.execute(handle, group, deadline, exe)
-    return build_result(cell, exits, workdir, time.monotonic() - start, ctx, extra_env=backend.describe(handle))
+    extra = {**backend.describe(handle), **({"refused_links": list(ctx.refused_links)} if ctx.refused_links else {})}
+    return build_result(cell, exits, workdir, time.monotonic() - start, ctx, extra_env=extra)
 
 
 def free_port(low: int = 20000, high: int = 40000) -> int:
