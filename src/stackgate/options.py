@@ -173,6 +173,9 @@ class Settings:
                                              "checks", negate="--no-platform-checks", commands=RUN_MERGE)
     suite_env: tuple[str, ...] = opt((), _env_list, "extra environment for the suite, e.g. NCCL_NET='AWS Libfabric' "
                                                     "(repeatable)", repeat=True, metavar="KEY=VALUE")
+    pass_env: tuple[str, ...] = opt((), _list, "pass this host variable to the suite (repeatable; the suite's "
+                                               "environment is otherwise an allow-list; a secret-looking value is "
+                                               "masked as *** in every report and log)", repeat=True, metavar="NAME")
     bootstrap_base: bool = opt(True, _bool, "never debootstrap a local base image when the configured base is "
                                             "missing", negate="--no-bootstrap-base")
     debian_mirror: str = opt("http://deb.debian.org/debian", str, "Debian mirror for the base-image bootstrap")
@@ -193,6 +196,14 @@ def flag_of(name: str) -> str:
 
 
 def _shown(value: Any) -> Any:
+    """An option's value for the report; `KEY=VALUE` items whose KEY looks secret show `KEY=***`."""
+    if isinstance(value, tuple) and value and all(isinstance(v, str) and "=" in v for v in value):
+        from stackgate.masking import MASK, looks_secret
+        return [f"{k}={MASK}" if looks_secret(k) else f"{k}={v}" for k, _, v in (x.partition("=") for x in value)]
+    return _plain(value)
+
+
+def _plain(value: Any) -> Any:
     if isinstance(value, Path):
         return str(value)
     if isinstance(value, tuple):

@@ -20,7 +20,7 @@ from typing import Any
 
 from packaging.version import Version
 
-from stackgate import bundle, gate, history, matrix, probe, proc, resolve, results, rundir, sources, suite_deps
+from stackgate import bundle, gate, history, masking, matrix, probe, proc, resolve, results, rundir, sources, suite_deps
 from stackgate import compat as compat_mod
 from stackgate.backends.base import Backend, EnvHandle, Execution, PrepareFailed, RunContext, run_cell
 from stackgate.bundled import BUNDLED_SUITE
@@ -118,10 +118,15 @@ def expand(loaded: Loaded, pools: Mapping[str, RunnerPool] | None = None) -> mat
                           where=(loaded.policy.path, loaded.policy.required_cells_line))
 
 
-def suite_spec(opts: Options, *, platform_checks: bool) -> SuiteSpec:
+def suite_spec(opts: Options, *, platform_checks: bool, host: Mapping[str, str] | None = None) -> SuiteSpec:
+    """The suite and how it runs; its environment beyond the contract is what the user passes: the
+    `--suite-env` pairs, and the `--pass-env` names' values from `host` (see `masking`)."""
+    explicit = parse_suite_env(opts.suite_env)
+    given = {k for k, _ in explicit}
+    passed = tuple((k, (host or {})[k]) for k in opts.pass_env if k in (host or {}) and k not in given)
     return SuiteSpec(path=(opts.suite or BUNDLED_SUITE).resolve(), pytest_args=tuple(opts.pytest_args),
                      profile=opts.profile, timeout_s=opts.timeout, platform_checks=platform_checks,
-                     env=parse_suite_env(opts.suite_env))
+                     env=explicit + passed)
 
 
 def build_suite_deps(opts: Options, loaded: Loaded, env: Mapping[str, str], say: Printer) -> SuiteDeps:
@@ -275,11 +280,12 @@ def run(opts: Options, env: Mapping[str, str], say: Printer | None = None) -> in
                 results.append(run_dir, CellResult(cell.id, cell.role, Status.NO_BUILD, reason=blocked[cell.id],
                                                    cell=cell.to_json()))
         done = results.read(run_dir)
-        suite = suite_spec(opts, platform_checks=opts.platform_checks)
+        suite = suite_spec(opts, platform_checks=opts.platform_checks, host=env)
         say(f"suite {suite.path}; policy: {loaded.policy.origin}")
         progress = Progress(say)
         ctx = RunContext(run_id=run_id, run_dir=run_dir, suite=suite, on_line=progress.line,
-                         suite_deps={} if deps.empty else deps.describe(), select=tuple(opts.tests))
+                         suite_deps={} if deps.empty else deps.describe(), select=tuple(opts.tests),
+                         mask=masking.Masker.of(env, suite.env))
         interrupted: KeyboardInterrupt | None = None
         try:
             _run_cells(backend, runnable, ctx, done, opts, progress, console, resolutions, loaded.policy)
@@ -315,7 +321,7 @@ def dry_run(opts: Options, env: Mapping[str, str], say: Printer | None = None) -
     remote = slurm_pools(opts, loaded)
     forced = SlurmSpec() if opts.launcher == "slurm" else None
     run_dir = opts.reports / (opts.run_id or "RUN_ID")
-    suite = suite_spec(opts, platform_checks=opts.platform_checks)
+    suite = suite_spec(opts, platform_checks=opts.platform_checks, host=env)
     ctx = RunContext(run_id=run_dir.name, run_dir=run_dir, suite=suite)
     say(f"dry run of {loaded.spec.name}: {len(chosen.cells)} cell(s) here; nothing is built, submitted or written")
     if loaded.deps.projects:
@@ -360,9 +366,10 @@ def calibrate(opts: Options, env: Mapping[str, str], *, runs: int, target: float
     run_dir = opts.reports / run_id
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "build").mkdir(exist_ok=True)
-    suite = suite_spec(opts, platform_checks=False)
+    suite = suite_spec(opts, platform_checks=False, host=env)
     progress = Progress(say)
-    ctx = RunContext(run_id=run_id, run_dir=run_dir, suite=suite, on_line=progress.line)
+    ctx = RunContext(run_id=run_id, run_dir=run_dir, suite=suite, on_line=progress.line,
+                     mask=masking.Masker.of(env, suite.env))
     report: dict[str, Any] = {"run_id": run_id, "target": target, "allow": allow, "runs": runs, "pools": {}}
     try:
         for cell in prods:
@@ -895,9 +902,10 @@ def _run_one(backend: Backend, cell: Cell, handle: Handle, ctx: RunContext, prog
                           cell=cell.to_json(), phase=ctx.phase, against=ctx.against.id if ctx.against else "")
 
     if isinstance(handle, InfraProblem):
-        return did_not_run(Status.INFRA_ERROR, str(handle))
+        return ctx.mask.result(did_not_run(Status.INFRA_ERROR, str(handle)))
     if isinstance(handle, PrepareFailed):
-        return did_not_run(Status.BUILD_FAILED, str(handle), handle.log_tail)
+        ctx.mask.scrub(ctx.run_dir / "build")
+        return ctx.mask.result(did_not_run(Status.BUILD_FAILED, str(handle), handle.log_tail))
     say(f"run {label}")
     progress.begin(label)
     try:
@@ -909,7 +917,9 @@ def _run_one(backend: Backend, cell: Cell, handle: Handle, ctx: RunContext, prog
         environment["packages"] = handle.sbom["packages"]
     if ctx.suite_deps:
         environment["suite_requirements"] = ctx.suite_deps
-    result = replace(result, environment=environment)
+    result = ctx.mask.result(replace(result, environment=environment))
+    ctx.mask.scrub(ctx.run_dir / "cells" / label)  # what pytest and the nodes wrote there
+    ctx.mask.scrub(ctx.run_dir / "build")
     say(f"  {label}: {result.status.value} in {result.duration_s:.0f}s {result.reason[:200]}")
     return result
 

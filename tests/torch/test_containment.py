@@ -3,7 +3,9 @@ its dead predecessor left."""
 
 from __future__ import annotations
 
+import json
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -18,7 +20,9 @@ from tests.unit.test_user_paths import _user_cells
 pytestmark = pytest.mark.torch
 
 DAEMON = '''
+import json
 import subprocess
+import sys
 
 
 def test_starts_a_daemon():
@@ -57,3 +61,52 @@ def test_resume_ends_what_the_dead_run_left_running(tmp_path: Path) -> None:
         if orphan.poll() is None:
             orphan.kill()
             orphan.wait()
+
+
+SECRETS = '''
+import os
+
+
+def test_sees_what_it_was_given():
+    assert os.environ.get("HF_TOKEN") == "hf-passed-explicitly-1234"
+
+
+def test_prints_the_hosts_secrets():
+    # a failing assert that quotes the environment: it must find nothing of the host's secrets
+    seen = {k: os.environ.get(k) for k in ("AWS_SECRET_ACCESS_KEY", "GITHUB_TOKEN", "HF_TOKEN")}
+    print(seen)
+    assert not seen, f"seen: {seen}"
+'''
+
+
+def test_host_secrets_never_reach_the_suite_and_passed_ones_are_masked_everywhere(tmp_path: Path,
+                                                                                   cache_dir: Path) -> None:
+    """#19 item 11: with AWS_SECRET_ACCESS_KEY and GITHUB_TOKEN set, a failing assert printed them into
+    results.jsonl, every report and the node log; --suite-env HF_TOKEN=... was stored verbatim."""
+    import os
+
+    from tests.torch.test_end_to_end import ROOT
+    suite = tmp_path / "secrets_suite"
+    suite.mkdir()
+    (suite / "test_secrets.py").write_text(SECRETS)
+    env = {**os.environ, "AWS_SECRET_ACCESS_KEY": "aws-canary-5678", "GITHUB_TOKEN": "ghp-canary-9012"}
+    ran = subprocess.run([sys.executable, "-m", "stackgate", "run", "--suite", str(suite), "--backend", "venv",
+                          "--no-platform-checks", "--no-rollback", "--cache-dir", str(cache_dir),
+                          "--reports", str(tmp_path / "reports"), "--run-id", "s",
+                          "--suite-env", "HF_TOKEN=hf-passed-explicitly-1234"],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800, check=False)
+    run = tmp_path / "reports" / "s"
+    report = json.loads((run / "report.json").read_text())
+    cells = {c["id"]: c for c in report["cells"]}
+    for cell in cells.values():
+        outcomes = {t["name"]: t for t in cell["tests"]}
+        assert outcomes["test_secrets.py::test_sees_what_it_was_given"]["outcome"] == "passed"
+        printed = outcomes["test_secrets.py::test_prints_the_hosts_secrets"]["message"]
+        assert "'AWS_SECRET_ACCESS_KEY': None" in printed and "'GITHUB_TOKEN': None" in printed
+        assert "'HF_TOKEN': '***'" in printed  # the suite saw it; what it printed of it is masked
+    for canary in ("aws-canary-5678", "ghp-canary-9012", "hf-passed-explicitly-1234"):
+        assert canary not in ran.stdout + ran.stderr
+        for path in run.rglob("*"):
+            if path.is_file():
+                assert canary.encode() not in path.read_bytes(), path
+    assert "HF_TOKEN=***" in json.dumps(report["run"]["options"]["suite_env"])

@@ -128,7 +128,7 @@ def test_a_refused_link_makes_the_candidate_inconclusive(no_subprocesses: Memory
         return answer(command, {"test_model.py::test_ok": "passed"})
     no_subprocesses.script = script
     code, report, _ = run_memory()
-    assert report["decision"] == "INCONCLUSIVE"
+    assert (code, report["decision"]) == (1, "INCONCLUSIVE")
     [reason] = [r for r in report["reasons"] if r["kind"] == "bad-artifact"]
     assert "passwd -> /etc/passwd" in reason["message"]
     copied = list((tmp_path / "r" / "mem" / "artifacts").rglob("passwd"))

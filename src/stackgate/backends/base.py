@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from stackgate.masking import Masker
 from stackgate.model import Cell, CellResult, Stack
 from stackgate.suite import Layout, NodeCommand, NodeExit, SuiteSpec, build_result, node_commands
 
@@ -42,7 +43,8 @@ class RunContext:
     artifacts: Path | None = None  # STACKGATE_ARTIFACTS for this run of the cell (set by the pipeline)
     select: tuple[str, ...] = ()  # repeats: only these test node ids
     suite_deps: Mapping[str, Any] = field(default_factory=dict)  # what the suite installs (for the report)
-    refused_links: tuple[str, ...] = ()  # links out of the run directory not copied into this run's artifacts
+    refused_links: tuple[str, ...] = ()
+    mask: Masker = field(default_factory=Masker)  # secrets never reach what stackgate writes  # links out of the run directory not copied into this run's artifacts
 
     def result_id(self, cell: Cell) -> str:
         return cell.result_id(self.phase, self.against)

@@ -25,6 +25,7 @@ from stackgate.backends.base import EnvHandle, Execution, PrepareFailed, free_po
 from stackgate.bundled import BUNDLED_SUITE
 from stackgate.compat import CompatTable
 from stackgate.errors import InfraError
+from stackgate.masking import node_base
 from stackgate.model import Stack
 from stackgate.plan import requirements
 from stackgate.resolve import is_disk_full, is_network_failure
@@ -171,7 +172,7 @@ class VenvBackend:
         exits: list[NodeExit | None] = [None] * len(commands)
 
         def node(i: int, command: NodeCommand) -> None:
-            env = {**self.env, **command.env}
+            env = {**node_base(self.env), **command.env}  # an allow-list: no host secret reaches the suite
             env["PATH"] = venv_bin + os.pathsep + env.get("PATH", "")
             env["VIRTUAL_ENV"] = str(Path(venv_bin).parent)
             result = proc.run(command.argv, env=env, cwd=command.cwd, timeout_s=max(deadline - time.monotonic(), 1),
