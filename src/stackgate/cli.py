@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import signal
@@ -12,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from stackgate import __version__, options
-from stackgate.errors import ConfigError, ExitCode, InfraError, Interrupted, StackgateError
+from stackgate.errors import ConfigError, ExitCode, InfraError, Interrupted, StackgateError, disk_full
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -121,7 +122,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"interrupted (exit {code}); results written so far are kept", file=sys.stderr)
         return code
     except OSError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        if exc.errno == errno.ENOSPC:
+            print(disk_full(exc.filename or ".", exc).render(), file=sys.stderr)
+        else:
+            print(f"error: {exc}", file=sys.stderr)
         return int(ExitCode.INFRA)
     finally:
         if previous is not None:

@@ -56,6 +56,22 @@ class InfraError(StackgateError):
     exit_code = ExitCode.INFRA
 
 
+def disk_full(path: Path | str, exc: OSError | None = None) -> InfraError:
+    """One line for an exhausted disk: which path, and how much its filesystem has left."""
+    import errno
+    import shutil
+    where = Path(path)
+    probe = where if where.exists() else where.parent
+    try:
+        free = f"{shutil.disk_usage(probe).free // 1024} KiB free"
+    except OSError:
+        free = "free space unknown"
+    what = "disk full" if exc is None or exc.errno == errno.ENOSPC else (exc.strerror or str(exc))
+    return InfraError(f"{what}: cannot write {where} ({free} on its filesystem)",
+                      hint="free space there (or point --reports / --cache-dir elsewhere), then --resume the run: "
+                           "cells whose evidence was not written run again")
+
+
 class Interrupted(KeyboardInterrupt):
     """Ctrl-C (SIGINT) or a CI cancel (SIGTERM), raised in the main thread. Exit 128 + signal:
     130 for SIGINT, 143 for SIGTERM, after the report is written from the cells that finished."""

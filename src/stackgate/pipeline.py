@@ -20,7 +20,21 @@ from typing import Any
 
 from packaging.version import Version
 
-from stackgate import bundle, gate, history, masking, matrix, probe, proc, resolve, results, rundir, sources, suite_deps
+from stackgate import (
+    bundle,
+    errors,
+    gate,
+    history,
+    masking,
+    matrix,
+    probe,
+    proc,
+    resolve,
+    results,
+    rundir,
+    sources,
+    suite_deps,
+)
 from stackgate import compat as compat_mod
 from stackgate.backends.base import Backend, EnvHandle, Execution, PrepareFailed, RunContext, run_cell
 from stackgate.bundled import BUNDLED_SUITE
@@ -653,10 +667,17 @@ def exit_code(report: RunReport) -> int:
 
 
 def write_reports(report: RunReport, run_dir: Path, code: int, step_summary: str | None) -> None:
-    json_report.write(report, run_dir / "report.json", code)
-    markdown.write(report, run_dir / "report.md", step_summary)
-    junit.write(report, run_dir / "junit.xml")
-    html_report.write(report, run_dir / "report.html")
+    """Each report atomically (a report is whole or absent); a full disk is one line of exit 3."""
+    writers: tuple[tuple[str, Callable[[Path], None]], ...] = (
+        ("report.json", lambda p: json_report.write(report, p, code)),
+        ("report.md", lambda p: markdown.write(report, p, step_summary)),
+        ("junit.xml", lambda p: junit.write(report, p)),
+        ("report.html", lambda p: html_report.write(report, p)))
+    for name, write in writers:
+        try:
+            write(run_dir / name)
+        except OSError as exc:
+            raise errors.disk_full(run_dir / name, exc) from None
 
 
 class InfraProblem(Exception):

@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from stackgate.errors import ConfigError
+from stackgate.errors import ConfigError, disk_full
 from stackgate.model import CellResult, Role, Status
 
 RESULTS = "results.jsonl"
@@ -32,10 +32,13 @@ class ResultLines:
 def append(run_dir: Path, result: CellResult) -> None:
     path = run_dir / RESULTS
     line = json.dumps(result.to_json(), sort_keys=True) + "\n"
-    with path.open("a", encoding="utf-8") as fh:
-        fh.write(line)
-        fh.flush()
-        os.fsync(fh.fileno())
+    try:
+        with path.open("a", encoding="utf-8") as fh:
+            fh.write(line)
+            fh.flush()
+            os.fsync(fh.fileno())
+    except OSError as exc:  # a line cut short by a full disk is a torn line: cut before the next append
+        raise disk_full(path, exc) from None
 
 
 def repair_tail(run_dir: Path) -> str | None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import shutil
 import xml.etree.ElementTree as ET
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -303,6 +304,21 @@ def parse_records(paths: list[Path]) -> Records:
     return out
 
 
+LOW_DISK_BYTES = 1 << 20  # less than this free where a cell writes: its missing evidence is the disk's doing
+
+
+def _free_kib(path: Path) -> int:
+    try:
+        return shutil.disk_usage(path).free // 1024
+    except OSError:
+        return -1
+
+
+def _disk_is_full(workdir: Path, procs: Sequence[NodeExit]) -> bool:
+    return any("No space left on device" in p.tail or "[Errno 28]" in p.tail for p in procs) or \
+        0 <= _free_kib(workdir) * 1024 < LOW_DISK_BYTES
+
+
 NO_ROLLBACK_TESTS = "the suite has no cross-version tests (-m crossversion): nothing to roll back"
 
 
@@ -343,6 +359,9 @@ def build_result(cell: Cell, procs: Sequence[NodeExit], workdir: Path, duration_
     tests = parse_junit(sorted(workdir.glob("junit-node*.xml")))
     records = parse_records(sorted(workdir.glob("results-node*.jsonl")))
     status, reason = classify(procs, tests, phase)
+    if status is Status.ERROR and not tests and _disk_is_full(workdir, procs):
+        status, reason = Status.INFRA_ERROR, (f"the disk is full under {workdir} ({_free_kib(workdir)} KiB free): the "
+                                              "suite could not write its evidence (retried by --resume)")
     environment = {**records.environment, **(extra_env or {})}
     leftovers = [p for e in procs for p in e.leftovers]
     if leftovers:

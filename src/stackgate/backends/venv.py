@@ -122,6 +122,11 @@ class VenvBackend:
     def _build(self, stack: Stack, root: Path, key: str, reqs: list[str], start: float,
                log_path: Path) -> EnvHandle:
         python = root / "bin" / "python"
+        for stale in root.parent.glob(f"{root.name}.partial-*"):  # left by a build that was killed
+            pid = stale.name.rsplit("-", 1)[-1]
+            if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+                shutil.rmtree(stale, ignore_errors=True)
+                self.say(f"  removed {stale.name}, left by a build that was killed")
         staging = root.with_name(f"{root.name}.partial-{os.getpid()}")
         shutil.rmtree(staging, ignore_errors=True)
         staging.parent.mkdir(parents=True, exist_ok=True)
