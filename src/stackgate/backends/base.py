@@ -75,6 +75,22 @@ class RunContext:
         return path
 
 
+# A cached environment's check, the same on every backend: its interpreter imports torch at the version
+# the stack asks for.
+TORCH_PROBE = "import torch; print('stackgate-probe', torch.__version__)"
+
+
+def torch_probe_problem(stack: Stack, exit_code: int | None, output: str) -> str:
+    """Why the output of TORCH_PROBE (run with the environment's python) rules the environment out,
+    or "" when it imports the stack's torch."""
+    found = [line.split() for line in output.splitlines() if line.startswith("stackgate-probe ")]
+    if exit_code != 0 or not found:
+        return f"`python -c 'import torch'` failed (exit {exit_code}): {output.strip()[-300:]}"
+    if found[-1][1].split("+")[0] != stack.torch_public:
+        return f"it imports torch {found[-1][1]}, not {stack.torch_public}"
+    return ""
+
+
 class PrepareFailed(Exception):
     """An environment could not be built; the cells that need it become build-failed."""
 

@@ -21,7 +21,7 @@ from typing import Any
 from filelock import FileLock
 
 from stackgate import proc
-from stackgate.backends.base import EnvHandle, Execution, PrepareFailed, free_port
+from stackgate.backends.base import TORCH_PROBE, EnvHandle, Execution, PrepareFailed, free_port, torch_probe_problem
 from stackgate.bundled import BUNDLED_SUITE
 from stackgate.compat import CompatTable
 from stackgate.errors import InfraError
@@ -228,7 +228,6 @@ def _fix_activation_paths(root: Path, staging: Path) -> None:
 
 
 CHECK_TIMEOUT_S = 300.0
-_PROBE = "import sys, torch; print('stackgate-probe', torch.__version__, sys.version_info[0], sys.version_info[1])"
 
 
 def check_env(root: Path, stack: Stack) -> str:
@@ -242,17 +241,11 @@ def check_env(root: Path, stack: Stack) -> str:
         return damaged
     python = root / "bin" / "python"
     try:
-        result = proc.run([str(python), "-c", _PROBE], timeout_s=CHECK_TIMEOUT_S,
+        result = proc.run([str(python), "-c", TORCH_PROBE], timeout_s=CHECK_TIMEOUT_S,
                           env={"PATH": "/usr/bin:/bin", "PYTHONDONTWRITEBYTECODE": "1"})
     except (InfraError, OSError) as exc:
         return f"its interpreter {python} cannot start: {exc}"
-    found = [line.split() for line in result.tail.splitlines() if line.startswith("stackgate-probe ")]
-    if not result.ok or not found:
-        return f"`{python} -c 'import torch'` failed (exit {result.returncode}): {result.tail.strip()[-300:]}"
-    version = found[-1][1].split("+")[0]
-    if version != stack.torch_public:
-        return f"it imports torch {found[-1][1]}, not {stack.torch_public}"
-    return ""
+    return torch_probe_problem(stack, None if result.timed_out else result.returncode, result.tail)
 
 
 def record_problems(root: Path) -> str:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from stackgate import proc
-from stackgate.backends.base import EnvHandle, Execution, PrepareFailed
+from stackgate.backends.base import TORCH_PROBE, EnvHandle, Execution, PrepareFailed, torch_probe_problem
 from stackgate.backends.docker import images
 from stackgate.backends.docker.engine import BuildError, ContainerExit, ContainerSpec, Engine
 from stackgate.compat import CompatTable
@@ -22,8 +22,6 @@ from stackgate.resolve import is_disk_full
 from stackgate.sources import PipConfig, host_config_problem, installer_args
 from stackgate.suite import Layout, NodeCommand, NodeExit, suite_digest
 from stackgate.suite_deps import SuiteDeps
-
-PROBE = "import torch; print('stackgate-probe', torch.__version__)"
 
 SUITE_IN_IMAGE = "/opt/stackgate/suite"
 RDZV_PORT = 29400
@@ -122,18 +120,13 @@ class DockerBackend:
         """Why a cached image cannot be reused ("" when it can): its interpreter runs and imports torch at
         the stack's version (one short container, about 2 s; the layers themselves are content-addressed)."""
         probe = ContainerSpec(name=f"sg-check-{stack.content_hash[:8]}-{os.getpid()}", image=tag,
-                              command=("python", "-c", PROBE), env={}, mounts=(), hostname="check",
+                              command=("python", "-c", TORCH_PROBE), env={}, mounts=(), hostname="check",
                               user=f"{os.getuid()}:{os.getgid()}")
         try:
             [ran] = self.engine.run_group([probe], network=None, timeout_s=300, on_line=None)
         except InfraError as exc:
             return f"its check could not run: {exc}"
-        found = [line.split() for line in ran.log.splitlines() if line.startswith("stackgate-probe ")]
-        if ran.exit_code != 0 or not found:
-            return f"`python -c 'import torch'` failed (exit {ran.exit_code}): {ran.log.strip()[-300:]}"
-        if found[-1][1].split("+")[0] != stack.torch_public:
-            return f"it imports torch {found[-1][1]}, not {stack.torch_public}"
-        return ""
+        return torch_probe_problem(stack, ran.exit_code, ran.log)
 
     def layout(self, handle: EnvHandle, exe: Execution) -> Layout:
         """Nodes are containers: the cell's directories are mounted at /sg/..., the bundled suite is
