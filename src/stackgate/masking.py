@@ -26,6 +26,9 @@ BASE = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "
         "LD_LIBRARY_PATH", "SSL_CERT_FILE", "SSL_CERT_DIR")
 STACK = ("LC_", "CUDA_", "NVIDIA_", "NCCL_", "FI_", "OMP_", "MKL_", "TORCH_", "PYTORCH_", "TORCHINDUCTOR_",
          "TRITON_", "GLOO_", "UCX_", "HIP_", "ROCR_")
+# the same names as shell globs, for a job script (`case` with nocasematch)
+SECRET_GLOBS = ("*TOKEN*|*SECRET*|*PASSW*|*PASSPHRASE*|*CREDENTIAL*|*API_KEY*|*APIKEY*|*ACCESS_KEY*|*ACCESSKEY*|"
+                "*PRIVATE*|*_KEY|KEY|*AUTH*|*COOKIE*|*SESSION*|*SIGNATURE*|*_PAT|*WEBHOOK*")
 MIN_SECRET = 4  # shorter values would mask ordinary words
 
 

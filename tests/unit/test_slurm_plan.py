@@ -135,3 +135,24 @@ def test_images_on_slurm_nodes_are_refused_clearly() -> None:
     docker = Docker(name="docker")
     with pytest.raises(ConfigError, match="images on Slurm nodes"):
         slurm.SlurmBackend(docker, forced=None, env={})
+
+
+def test_a_node_script_runs_with_the_allow_list_not_the_submitting_hosts_environment(tmp_path: Path) -> None:
+    """#19 item 11 on Slurm: sbatch carries the submitter's environment over to the job by default."""
+    import subprocess
+
+    from stackgate.suite import NodeCommand
+    command = NodeCommand(0, "suite", ("env",), {"STACKGATE_ROLE": "candidate", "HF_TOKEN": "given-explicitly"},
+                          tmp_path)
+    script = tmp_path / "node0.sh"
+    script.write_text(slurm.node_script(command, multi_node=False))
+    host = {"PATH": "/usr/bin:/bin", "HOME": "/root", "GITHUB_TOKEN": "ghp-canary", "AWS_SECRET_ACCESS_KEY": "aws",
+            "NCCL_SOCKET_IFNAME": "eth0", "NCCL_API_KEY": "nope", "EDITOR": "vim", "SLURM_JOB_ID": "7",
+            "STACKGATE_SLURM_ENDPOINT": "n1:29400"}
+    ran = subprocess.run(["bash", str(script)], env=host, capture_output=True, text=True, check=True)
+    seen = dict(line.split("=", 1) for line in ran.stdout.splitlines() if "=" in line)
+    assert seen["STACKGATE_ROLE"] == "candidate" and seen["HF_TOKEN"] == "given-explicitly"  # the plan's own
+    assert seen["NCCL_SOCKET_IFNAME"] == "eth0" and seen["SLURM_JOB_ID"] == "7" and seen["PATH"] == "/usr/bin:/bin"
+    assert seen["STACKGATE_SLURM_ENDPOINT"] == "n1:29400"
+    for gone in ("GITHUB_TOKEN", "AWS_SECRET_ACCESS_KEY", "NCCL_API_KEY", "EDITOR"):
+        assert gone not in seen, gone

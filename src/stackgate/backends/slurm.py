@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stackgate import proc
+from stackgate import masking, proc
 from stackgate.backends.base import Backend, EnvHandle, Execution, free_port
 from stackgate.errors import ConfigError, InfraError
 from stackgate.model import Cell, SlurmSpec, Stack
@@ -60,11 +60,26 @@ def time_limit(seconds: float) -> int:
 def node_script(command: NodeCommand, multi_node: bool) -> str:
     """What task `command.node` runs: the node's environment and argv, exactly as planned."""
     lines = ["#!/bin/bash", f"# node {command.node}, {command.label}: written by stackgate", f"cd {shlex.quote(str(command.cwd))}"]
+    lines += _allow_list()
     lines += [f"export {key}={shlex.quote(value)}" for key, value in sorted(command.env.items())]
     if multi_node:
         lines.append(f'export STACKGATE_RDZV_ENDPOINT="${ENDPOINT}"')
     lines.append("exec " + shlex.join(command.argv))
     return "\n".join(lines) + "\n"
+
+
+def _allow_list() -> list[str]:
+    """Shell lines that drop every variable sbatch carried over from the submitting host except the
+    allow-list (`masking`: what a process and the stack need, Slurm's own and the endpoint), and every
+    name that looks secret: the suite's environment is the plan's, as on the other backends."""
+    keep = "|".join([*masking.BASE, *(f"{p}*" for p in (*masking.STACK, "SLURM_", "STACKGATE_SLURM_"))])
+    return ["shopt -s nocasematch",
+            'for name in $(compgen -e); do case "$name" in',
+            f"  {masking.SECRET_GLOBS}) unset \"$name\" ;;",
+            f"  {keep}) ;;",
+            '  *) unset "$name" ;;',
+            "esac; done",
+            "shopt -u nocasematch"]
 
 
 def job_script(cell: Cell, spec: SlurmSpec, *, name: str, label: str, scripts: Path, workdir: Path,
