@@ -101,8 +101,10 @@ def read(run_dir: Path) -> dict[str, CellResult]:
 
 
 def resume_dir(reports: Path, run_id: str) -> Path:
+    """The directory of a run to resume: one with results, or a run killed before its first cell
+    finished (its manifest, run.json, is written before any cell runs)."""
     run_dir = reports / run_id
-    if not (run_dir / RESULTS).exists():
+    if not (run_dir / RESULTS).exists() and not (run_dir / "run.json").exists():
         known = sorted(p.name for p in reports.iterdir() if (p / RESULTS).exists()) if reports.exists() else []
         raise ConfigError(f"cannot resume run {run_id!r}: no {run_dir / RESULTS}",
                           hint=f"runs with results: {', '.join(known[-5:]) or 'none'}")

@@ -143,3 +143,69 @@ def test_a_full_disk_is_one_line_of_exit_3_and_resume_reruns_what_was_not_writte
         assert {c["status"] for c in report["cells"]} == {"passed"}
     finally:
         subprocess.run(["umount", str(small)], check=False)
+
+
+HOLD = '''
+import json
+import os
+import time
+from pathlib import Path
+
+
+def test_holds_while_told_to():
+    hold = Path(os.environ["HOLD_FILE"])
+    try:  # only the first attempt of the run holds: the one that is killed
+        os.close(os.open(str(hold) + ".claimed", os.O_CREAT | os.O_EXCL))
+    except FileExistsError:
+        hold = Path(os.devnull + ".never")
+    def record(stage):
+        with open(os.environ["STACKGATE_RESULTS"], "a") as fh:
+            fh.write(json.dumps({"kind": "environment", f"pid_{stage}": os.getpid()}) + "\\\\n")
+    record("start")
+    deadline = time.monotonic() + 120
+    while hold.exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    record("end")
+'''
+
+
+def test_kill_9_mid_cell_then_resume_ends_the_orphans_and_keeps_one_attempts_evidence(tmp_path: Path,
+                                                                                        cache_dir: Path) -> None:
+    """#19 item 5: after `kill -9` the dead run's pytest kept running through --resume, and its records
+    were merged into the resumed cell's result (two pids)."""
+    import os
+    import signal
+
+    from tests.torch.test_end_to_end import ROOT
+    suite = tmp_path / "hold_suite"
+    suite.mkdir()
+    (suite / "test_hold.py").write_text(HOLD)
+    hold = tmp_path / "hold"
+    hold.write_text("")
+    args = [sys.executable, "-m", "stackgate", "run", "--suite", str(suite), "--backend", "venv",
+            "--no-platform-checks", "--no-rollback", "--cache-dir", str(cache_dir), "--reports",
+            str(tmp_path / "reports"), "--suite-env", f"HOLD_FILE={hold}"]
+    first = subprocess.Popen([*args, "--run-id", "k9"], cwd=ROOT, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 600
+        while not proc.marked({"STACKGATE_RUN_ID": "k9"}) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        time.sleep(2)
+        os.kill(first.pid, signal.SIGKILL)  # the harness alone: its suite processes are orphaned
+        first.wait()
+        orphans = proc.marked({"STACKGATE_RUN_ID": "k9"})
+        assert orphans, "the killed run's suite should still be running"
+        resumed = subprocess.run([*args, "--resume", "k9"], cwd=ROOT, capture_output=True, text=True, timeout=1200,
+                                 check=False, input=None)
+        assert f"resume: ended {len(orphans)} process(es) the dead run k9 left running" in resumed.stdout or \
+            "resume: ended" in resumed.stdout, resumed.stdout[-3000:]
+        assert not proc.marked({"STACKGATE_RUN_ID": "k9"})
+    finally:
+        hold.unlink(missing_ok=True)
+        proc.end_marked({"STACKGATE_RUN_ID": "k9"})
+    report = json.loads((tmp_path / "reports" / "k9" / "report.json").read_text())
+    for cell in report["cells"]:
+        environment = cell["environment"]
+        if "pid_end" in environment:
+            assert environment["pid_start"] == environment["pid_end"], environment  # one attempt's records
