@@ -158,3 +158,26 @@ def test_sigterm_mid_cell_removes_containers_and_networks_and_resume_finishes(en
     from tests.torch.test_interrupt import check_cancel_and_resume
     cache = Path(os.environ.get("STACKGATE_CACHE_DIR", Path.home() / ".cache" / "stackgate"))
     check_cancel_and_resume(tmp_path, cache, "docker")
+
+
+def test_a_cached_image_that_no_longer_imports_torch_is_rebuilt(docker_backend: DockerBackend, cpu_image: EnvHandle,
+                                                                 tmp_path: Path) -> None:
+    """#18 item 3 on the Docker tier: a cached image is checked before it is reused. Here the stack's
+    tag is replaced by an image whose torch/__init__.py is truncated; the next prepare finds it
+    (`python -c 'import torch'` fails in a container), removes it and builds the stack's image again."""
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "Dockerfile").write_text(f"FROM {cpu_image.ref}\nUSER root\n"
+                                       "RUN find / -path '*site-packages/torch/__init__.py' -exec truncate -s 12 {} +\n")
+    subprocess.run(["docker", "build", "-q", "-t", cpu_image.ref, str(broken)], check=True, capture_output=True)
+    said: list[str] = []
+    docker_backend.say = said.append
+    try:
+        again = docker_backend.prepare(cpu_image.stack, tmp_path / "build.log")
+    finally:
+        docker_backend.say = print
+    assert not again.reused and again.ref == cpu_image.ref
+    assert any(f"cached image {cpu_image.ref} is broken" in line and "import torch" in line for line in said), said
+    ran = subprocess.run(["docker", "run", "--rm", again.ref, "python", "-c", "import torch; print(torch.__version__)"],
+                         capture_output=True, text=True, check=False)
+    assert ran.returncode == 0 and ran.stdout.strip() == "2.13.0+cpu", ran.stderr[-500:]
