@@ -181,3 +181,45 @@ def test_a_cached_image_that_no_longer_imports_torch_is_rebuilt(docker_backend: 
     ran = subprocess.run(["docker", "run", "--rm", again.ref, "python", "-c", "import torch; print(torch.__version__)"],
                          capture_output=True, text=True, check=False)
     assert ran.returncode == 0 and ran.stdout.strip() == "2.13.0+cpu", ran.stderr[-500:]
+
+
+def test_a_cells_containers_get_the_planned_environment_and_no_host_secret(engine, cpu_image: EnvHandle,
+                                                                           tmp_path: Path) -> None:
+    """#19 item 11 on the Docker tier: what the engine is asked to start (what `docker inspect` of a
+    cell's container shows as Config.Env) holds the plan's variables and none of the host's secrets;
+    a value passed explicitly and printed by a test is masked in the result."""
+    import os
+
+    from stackgate import compat, masking, sources
+    from stackgate.backends.docker.engine import ContainerSpec
+    env = {**os.environ, "GITHUB_TOKEN": "ghp-docker-canary", "AWS_SECRET_ACCESS_KEY": "aws-docker-canary"}
+    backend = DockerBackend(engine, Path(os.environ.get("STACKGATE_CACHE_DIR", Path.home() / ".cache" / "stackgate")),
+                            compat.load_compat(Path(__file__).resolve().parents[2] / "matrix" / "compat.toml"),
+                            sources.read_pip_config(env), env, suite_dir=suite.BUNDLED_SUITE, say=print)
+    started: list[ContainerSpec] = []
+    real = engine.run_group
+
+    def recording(specs, **kwargs):  # type: ignore[no-untyped-def]
+        started.extend(specs)
+        return real(specs, **kwargs)
+
+    backend.engine = type("Recording", (), {"run_group": staticmethod(recording),
+                                            "__getattr__": lambda self, name: getattr(engine, name)})()
+    user_suite = tmp_path / "suite"
+    user_suite.mkdir()
+    (user_suite / "test_env.py").write_text(
+        "import os\n\ndef test_env():\n    assert os.environ.get('GITHUB_TOKEN') is None\n"
+        "    assert False, f\"HF_TOKEN={os.environ.get('HF_TOKEN')}\"\n")
+    spec = suite.SuiteSpec(path=user_suite, platform_checks=False, timeout_s=300,
+                           env=(("HF_TOKEN", "hf-docker-canary"),))
+    ctx = RunContext("d11", tmp_path / "run", spec, mask=masking.Masker.of(env, spec.env))
+    result = ctx.mask.result(run_cell(backend, _cell(cpu_image, 1, 2), cpu_image, ctx))
+    cell_specs = [s for s in started if s.mounts]
+    assert cell_specs and all("GITHUB_TOKEN" not in s.env and "AWS_SECRET_ACCESS_KEY" not in s.env
+                              for s in cell_specs)
+    assert all(s.env["HF_TOKEN"] == "hf-docker-canary" for s in cell_specs)  # passed explicitly: the suite has it
+    [outcome] = result.tests
+    assert outcome.outcome == "failed" and "HF_TOKEN=***" in outcome.message and "canary" not in outcome.message
+    left = subprocess.run(["docker", "ps", "-a", "--format", "{{.Names}}"], capture_output=True, text=True,
+                          check=True).stdout.split()
+    assert not {s.name for s in started} & set(left)  # the cell's containers (and the check's) are gone
