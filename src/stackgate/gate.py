@@ -262,11 +262,17 @@ def _cell_reasons(cell: Cell, result: CellResult, is_required: bool, policy: Pol
         out.append(Reason(bad, f"{prefix}{t.outcome}: {_first_line(t.message)}", cell=cell.id, test=t.name,
                           kind="failed-test"))
     if baseline is not None:
-        now_passing = {t.name for t in result.tests if t.outcome == "passed"}
+        mine = {t.name: t.outcome for t in result.tests}
         for t in baseline.tests:
-            if _is_failure(t.outcome) and t.name in now_passing and not _matches(t.name, list(policy.required_tests)):
+            if not _is_failure(t.outcome) or _matches(t.name, list(policy.required_tests)):
+                continue  # (a required test failing in production is the baseline's own reason)
+            if mine.get(t.name) == "passed":
                 out.append(Reason(Severity.INFO, f"fixed by the upgrade: {t.outcome} in production, passes in the "
                                   f"candidate: {_first_line(t.message)}", cell=cell.id, test=t.name, kind="fixed"))
+            elif not _is_failure(mine.get(t.name, "")):
+                out.append(Reason(Severity.INFO, f"{t.outcome} in production, "
+                                  f"{'skipped' if t.name in mine else 'not run'} in the candidate: "
+                                  f"{_first_line(t.message)}", cell=cell.id, test=t.name, kind="production-failure"))
     if result.status is Status.FAILED and not failed:
         out.append(Reason(bad, f"{prefix}cell failed but no failing test was recorded: {result.reason or 'no reason'}",
                           cell=cell.id, kind="failed-without-test"))

@@ -221,6 +221,21 @@ def r_rollback_fails_in_productions_own_run_too(s: Situation) -> None:
     _rollback(s, Status.FAILED, "1 test(s) failed", (TestOutcome(name, "failed", message="RuntimeError: known"),))
 
 
+def r_fails_in_production_not_run_in_the_candidate(s: Situation) -> None:
+    """Neither pre-existing nor fixed: noted, never silently dropped."""
+    s.policy = USER_SUITE
+    s.edit(s.prod, _fail(COMPILE, "AssertionError: known"))
+    s.edit(s.cand, lambda r: replace(r, tests=tuple(t for t in r.tests if t.name != COMPILE)))
+
+
+def test_a_production_failure_the_candidate_did_not_run_is_noted() -> None:
+    rec = selftest.recorded("cuda")
+    s = Situation([rec.production, rec.candidate], dict(rec.results))
+    r_fails_in_production_not_run_in_the_candidate(s)
+    out = gate.decide(tuple(s.cells), (), s.results, s.policy, TODAY)
+    assert [r.kind for r in out.verdict.reasons if r.test == COMPILE] == ["production-failure"]
+
+
 def r_hundred_thousand_samples(s: Situation) -> None:
     """#18 item 7: a metric with 1e5 samples a side (1e6 took minutes of silent CPU): the gate's cost is
     bounded (the bootstrap thins to evenly spaced order statistics) and the same workload is GO."""
@@ -312,6 +327,7 @@ ROWS: list[tuple[Callable[[Situation], None], Decision, str]] = [
     (r_new_failure_user_suite, Decision.NO_GO, "failed-test"),
     (r_fixed_by_the_upgrade_user_suite, Decision.GO, ""),
     (r_rollback_fails_in_productions_own_run_too, Decision.GO, ""),
+    (r_fails_in_production_not_run_in_the_candidate, Decision.GO, ""),
     (r_hundred_thousand_samples, Decision.GO, ""),
     (r_extreme_finite_samples, Decision.NO_GO, "regression"),
     (r_record_not_utf8, Decision.NO_GO, "cell-error"),
