@@ -20,16 +20,20 @@ from typing import Any
 from stackgate.model import CellResult
 
 MASK = "***"
+# (not SESSION: nox's NOX_CURRENT_SESSION=tests would mask every "tests" in a report)
 _SECRET = re.compile(r"TOKEN|SECRET|PASSW|PASSPHRASE|CREDENTIAL|API_?KEY|ACCESS_?KEY|PRIVATE|_KEY$|^KEY$|AUTH|COOKIE|"
-                     r"SESSION|SIGNATURE|_PAT$|WEBHOOK", re.I)
+                     r"SIGNATURE|_PAT$|WEBHOOK", re.I)
 BASE = ("PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TERM", "SHELL", "PWD",
         "LD_LIBRARY_PATH", "SSL_CERT_FILE", "SSL_CERT_DIR")
 STACK = ("LC_", "CUDA_", "NVIDIA_", "NCCL_", "FI_", "OMP_", "MKL_", "TORCH_", "PYTORCH_", "TORCHINDUCTOR_",
          "TRITON_", "GLOO_", "UCX_", "HIP_", "ROCR_")
 # the same names as shell globs, for a job script (`case` with nocasematch)
 SECRET_GLOBS = ("*TOKEN*|*SECRET*|*PASSW*|*PASSPHRASE*|*CREDENTIAL*|*API_KEY*|*APIKEY*|*ACCESS_KEY*|*ACCESSKEY*|"
-                "*PRIVATE*|*_KEY|KEY|*AUTH*|*COOKIE*|*SESSION*|*SIGNATURE*|*_PAT|*WEBHOOK*")
-MIN_SECRET = 4  # shorter values would mask ordinary words
+                "*PRIVATE*|*_KEY|KEY|*AUTH*|*COOKIE*|*SIGNATURE*|*_PAT|*WEBHOOK*")
+# Shorter values are not masked: they would mask ordinary words ("true", "tests") all over a report. A
+# value passed to the suite explicitly is masked from 4 characters, one that is only in the host's
+# environment (which the suite never sees) from 8.
+MIN_PASSED, MIN_HOST = 4, 8
 
 
 def looks_secret(name: str) -> bool:
@@ -51,7 +55,8 @@ class Masker:
 
     @classmethod
     def of(cls, host: Mapping[str, str], passed: Iterable[tuple[str, str]] = ()) -> Masker:
-        found = {v for k, v in (*host.items(), *passed) if looks_secret(k) and len(v) >= MIN_SECRET}
+        found = {v for k, v in host.items() if looks_secret(k) and len(v) >= MIN_HOST}
+        found |= {v for k, v in passed if looks_secret(k) and len(v) >= MIN_PASSED}
         return cls(tuple(sorted(found, key=len, reverse=True)))  # longest first: a value inside another
 
     def text(self, text: str) -> str:
@@ -61,13 +66,14 @@ class Masker:
         return text
 
     def data(self, value: Any) -> Any:
-        """The same structure (dicts, lists, strings; keys too) with every string masked."""
+        """The same structure (dicts, lists, strings) with every string value masked; keys are the
+        structure's own names and stay as they are."""
         if not self.values:
             return value
         if isinstance(value, str):
             return self.text(value)
         if isinstance(value, dict):
-            return {self.data(k): self.data(v) for k, v in value.items()}
+            return {k: self.data(v) for k, v in value.items()}
         if isinstance(value, (list, tuple)):
             return [self.data(v) for v in value]
         return value

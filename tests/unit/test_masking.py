@@ -37,3 +37,15 @@ def test_secret_values_are_masked_in_results_and_files(tmp_path: Path) -> None:
 def test_report_options_mask_secret_looking_suite_env() -> None:
     opts = options.resolve({"suite_env": ["HF_TOKEN=hf-1234", "NCCL_NET=Socket"]}, {})
     assert opts.describe()["suite_env"]["value"] == ["HF_TOKEN=***", "NCCL_NET=Socket"]
+
+
+def test_short_or_structural_values_never_mangle_a_report() -> None:
+    """nox sets NOX_CURRENT_SESSION=tests: masking it turned "testsuites" into "***uites" and dropped
+    every result's "tests" key (CI caught it)."""
+    mask = masking.Masker.of({"NOX_CURRENT_SESSION": "tests", "MY_TOKEN": "true", "SSH_AUTH": "abc"},
+                             [("HF_TOKEN", "hf12")])
+    assert mask.values == ("hf12",)
+    result = CellResult("c", Role.CANDIDATE, Status.PASSED, tests=(TestOutcome("t::x", "passed"),),
+                        environment={"hf12": "hf12"})
+    masked = mask.result(result)
+    assert masked.tests == result.tests and masked.environment == {"hf12": "***"}
