@@ -121,8 +121,10 @@ def decide(cells: Sequence[Cell], not_here: Sequence[NotHere], results: Mapping[
         missing = Severity.INCONCLUSIVE if cand.id in required else Severity.INFO
         base = by_id.get(cand.baseline)
         if base is not None:
-            reasons += _rollback_reasons(cand, results.get(base.result_id("rollback", cand)), results.get(base.id),
-                                         policy)
+            found, known = _rollback_reasons(cand, results.get(base.result_id("rollback", cand)),
+                                             results.get(base.id), policy)
+            reasons += found
+            preexisting += known
         if base is None:
             reasons.append(Reason(missing, "no production baseline to compare with (its cell was pruned or not "
                                   "selected)", cell=cand.id, kind="no-baseline"))
@@ -182,17 +184,20 @@ def _first_line(text: str) -> str:
 
 
 def _rollback_reasons(cell: Cell, rollback: CellResult | None, production: CellResult | None,
-                      policy: Policy) -> list[Reason]:
+                      policy: Policy) -> tuple[list[Reason], list[Preexisting]]:
     """Production reading what this candidate wrote; the reasons name the candidate. A test that
     failed in production's own main run too (reading what production wrote) is pre-existing."""
     if rollback is None:
-        return []
+        return [], []
     out = []
+    known = []
     before = {t.name: t for t in production.tests} if production is not None and _ran(production) else {}
     for t in rollback.tests:
         if t.outcome in ("failed", "error"):
             earlier = before.get(t.name)
             if earlier is not None and _is_failure(earlier.outcome):
+                known.append(Preexisting(cell.id, rollback.cell_id, t.name, f"{t.outcome}: {_first_line(t.message)}",
+                                         f"{earlier.outcome}: {_first_line(earlier.message)}"))
                 severity = Severity.INCONCLUSIVE if policy.preexisting_failures == "inconclusive" else Severity.INFO
                 out.append(Reason(severity, f"pre-existing failure (rollback): fails in production's own run too: "
                                   f"{_first_line(t.message)}", cell=cell.id, test=t.name, kind="preexisting-failure"))
@@ -207,7 +212,7 @@ def _rollback_reasons(cell: Cell, rollback: CellResult | None, production: CellR
     elif not _ran(rollback):
         out.append(Reason(Severity.INCONCLUSIVE, f"rollback phase {rollback.status.value}: {rollback.reason}",
                           cell=cell.id, kind="rollback"))
-    return out
+    return out, known
 
 
 def _cell_reasons(cell: Cell, result: CellResult, is_required: bool, policy: Policy, *,

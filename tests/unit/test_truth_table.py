@@ -236,6 +236,15 @@ def test_a_production_failure_the_candidate_did_not_run_is_noted() -> None:
     assert [r.kind for r in out.verdict.reasons if r.test == COMPILE] == ["production-failure"]
 
 
+def test_a_rollback_failure_production_has_on_its_own_is_listed_as_preexisting() -> None:
+    rec = selftest.recorded("cuda")
+    s = Situation([rec.production, rec.candidate], dict(rec.results))
+    r_rollback_fails_in_productions_own_run_too(s)
+    out = gate.decide(tuple(s.cells), (), s.results, s.policy, TODAY)
+    rollback = s.prod.result_id("rollback", s.cand)
+    assert {(k.cell, k.baseline) for k in out.evidence.preexisting} == {(s.cand.id, s.prod.id), (s.cand.id, rollback)}
+
+
 def r_hundred_thousand_samples(s: Situation) -> None:
     """#18 item 7: a metric with 1e5 samples a side (1e6 took minutes of silent CPU): the gate's cost is
     bounded (the bootstrap thins to evenly spaced order statistics) and the same workload is GO."""
