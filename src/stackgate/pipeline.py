@@ -137,7 +137,8 @@ def suite_spec(opts: Options, *, platform_checks: bool, host: Mapping[str, str] 
     `--suite-env` pairs, and the `--pass-env` names' values from `host` (see `masking`)."""
     explicit = parse_suite_env(opts.suite_env)
     given = {k for k, _ in explicit}
-    passed = tuple((k, (host or {})[k]) for k in opts.pass_env if k in (host or {}) and k not in given)
+    host = host or {}
+    passed = tuple((k, host[k]) for k in opts.pass_env if k in host and k not in given)
     return SuiteSpec(path=(opts.suite or BUNDLED_SUITE).resolve(), pytest_args=tuple(opts.pytest_args),
                      profile=opts.profile, timeout_s=opts.timeout, platform_checks=platform_checks,
                      env=explicit + passed)
@@ -389,6 +390,7 @@ def calibrate(opts: Options, env: Mapping[str, str], *, runs: int, target: float
         for cell in prods:
             with console.step(f"prepare {cell.stack.label}"):
                 handle = backend.prepare(cell.stack, run_dir / "build" / f"{cell.stack.label}.log")
+            ctx.mask.scrub(run_dir / "build")
             found: list[CellResult] = []
             select: tuple[str, ...] = ()
             for r in range(runs):
@@ -718,6 +720,7 @@ def _run_cells(backend: Backend, cells: tuple[Cell, ...], ctx: RunContext, done:
             except InfraError as exc:  # both backends: the machinery, not the stack
                 say(f"  infrastructure problem: {exc}")
                 handles[key] = InfraProblem(str(exc) + (f" ({exc.hint})" if exc.hint else ""))
+            ctx.mask.scrub(log_dir)  # the installer's log, once per environment
         return handles[key]
 
     ordered = run_order(cells)
@@ -925,7 +928,6 @@ def _run_one(backend: Backend, cell: Cell, handle: Handle, ctx: RunContext, prog
     if isinstance(handle, InfraProblem):
         return ctx.mask.result(did_not_run(Status.INFRA_ERROR, str(handle)))
     if isinstance(handle, PrepareFailed):
-        ctx.mask.scrub(ctx.run_dir / "build")
         return ctx.mask.result(did_not_run(Status.BUILD_FAILED, str(handle), handle.log_tail))
     say(f"run {label}")
     progress.begin(label)
@@ -940,7 +942,6 @@ def _run_one(backend: Backend, cell: Cell, handle: Handle, ctx: RunContext, prog
         environment["suite_requirements"] = ctx.suite_deps
     result = ctx.mask.result(replace(result, environment=environment))
     ctx.mask.scrub(ctx.run_dir / "cells" / label)  # what pytest and the nodes wrote there
-    ctx.mask.scrub(ctx.run_dir / "build")
     say(f"  {label}: {result.status.value} in {result.duration_s:.0f}s {result.reason[:200]}")
     return result
 

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from stackgate.bundled import BUNDLED_SUITE
 from stackgate.model import Cell, CellResult, Metric, Outcome, Status, TestOutcome
+from stackgate.resolve import is_disk_full  # the installers' rule serves the nodes' output too
 
 if TYPE_CHECKING:
     from stackgate.backends.base import RunContext
@@ -315,8 +316,7 @@ def _free_kib(path: Path) -> int:
 
 
 def _disk_is_full(workdir: Path, procs: Sequence[NodeExit]) -> bool:
-    return any("No space left on device" in p.tail or "[Errno 28]" in p.tail for p in procs) or \
-        0 <= _free_kib(workdir) * 1024 < LOW_DISK_BYTES
+    return any(is_disk_full(p.tail) for p in procs) or 0 <= _free_kib(workdir) * 1024 < LOW_DISK_BYTES
 
 
 NO_ROLLBACK_TESTS = "the suite has no cross-version tests (-m crossversion): nothing to roll back"

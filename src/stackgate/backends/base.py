@@ -43,8 +43,8 @@ class RunContext:
     artifacts: Path | None = None  # STACKGATE_ARTIFACTS for this run of the cell (set by the pipeline)
     select: tuple[str, ...] = ()  # repeats: only these test node ids
     suite_deps: Mapping[str, Any] = field(default_factory=dict)  # what the suite installs (for the report)
-    refused_links: tuple[str, ...] = ()
-    mask: Masker = field(default_factory=Masker)  # secrets never reach what stackgate writes  # links out of the run directory not copied into this run's artifacts
+    refused_links: tuple[str, ...] = ()  # links out of the run directory not copied into this run's artifacts
+    mask: Masker = field(default_factory=Masker)  # secrets never reach what stackgate writes
 
     def result_id(self, cell: Cell) -> str:
         return cell.result_id(self.phase, self.against)

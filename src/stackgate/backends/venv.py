@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -79,7 +80,9 @@ class VenvBackend:
         python = root / "bin" / "python"
         marker = root / MARKER
         if marker.exists() or python.exists() or python.is_symlink():
-            broken = check_env(root, stack) if marker.exists() else "it was never finished (no marker file)"
+            damage = damaged_files(root) if marker.exists() else []
+            broken = ("; ".join(map(str, damage)) or interpreter_problem(root, stack) if marker.exists()
+                      else "it was never finished (no marker file)")
             if not broken:
                 try:
                     sbom = json.loads(marker.read_text())
@@ -87,7 +90,7 @@ class VenvBackend:
                                      sbom=sbom)
                 except (OSError, ValueError) as exc:
                     broken = f"{MARKER} cannot be read: {exc}"
-            self._discard(root, stack, broken, log_path)
+            self._discard(root, broken, sorted({d.package for d in damage}), log_path)
             try:
                 handle = self._build(stack, root, key, reqs, start, log_path)
             except PrepareFailed as exc:  # it was built before: what fails now is the machinery
@@ -103,13 +106,12 @@ class VenvBackend:
                              hint=f"check the disk and the installer's cache (`uv cache clean`); log: {log_path}")
         return handle
 
-    def _discard(self, root: Path, stack: Stack, broken: str, log_path: Path) -> None:
+    def _discard(self, root: Path, broken: str, packages: Sequence[str], log_path: Path) -> None:
         """A cached environment that fails its check is removed, and what uv's cache holds of the
         damaged packages is evicted first: uv hard-links installed files to its cache, so a damaged
         file would come straight back (and is in every other environment built from that cache)."""
         with log_path.open("a") as log:
             log.write(f"[stackgate] cached environment {root} is broken: {broken}; rebuilding it\n")
-        packages = sorted(set(re.findall(r"\(package ([A-Za-z0-9_.\-]+)\)", broken)))
         if packages:
             proc.run([sys.executable, "-m", "uv", "cache", "clean", *packages], env=self.env, timeout_s=600,
                      log_path=log_path)
@@ -236,9 +238,11 @@ def check_env(root: Path, stack: Stack) -> str:
     every file of site-packages that a RECORD lists exists with its recorded size, every `.py` file also has
     its recorded sha256 (the compiled libraries are checked by size only: hashing them would read
     gigabytes), and the interpreter runs and imports torch at the stack's version."""
-    damaged = record_problems(root)
-    if damaged:
-        return damaged
+    return record_problems(root) or interpreter_problem(root, stack)
+
+
+def interpreter_problem(root: Path, stack: Stack) -> str:
+    """Why the environment's interpreter does not import the stack's torch ("" when it does)."""
     python = root / "bin" / "python"
     try:
         result = proc.run([str(python), "-c", TORCH_PROBE], timeout_s=CHECK_TIMEOUT_S,
@@ -248,17 +252,34 @@ def check_env(root: Path, stack: Stack) -> str:
     return torch_probe_problem(stack, None if result.timed_out else result.returncode, result.tail)
 
 
+@dataclass(frozen=True)
+class Damage:
+    """An installed file that does not match its RECORD, and the package it belongs to."""
+
+    path: str
+    why: str
+    package: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.why} (package {self.package})"
+
+
 def record_problems(root: Path) -> str:
-    """The first installed files that do not match their RECORD (size; sha256 for `.py`), each named
-    with its package: "" when all match."""
-    problems: list[str] = []
+    """The first installed files that do not match their RECORD, as one line: "" when all match."""
+    return "; ".join(map(str, damaged_files(root)))
+
+
+def damaged_files(root: Path, limit: int = 5) -> list[Damage]:
+    """The first `limit` installed files of site-packages that do not match their RECORD (size; sha256
+    for `.py`)."""
+    found: list[Damage] = []
     for site in root.glob("lib/python*/site-packages"):
         for record in sorted(site.glob("*.dist-info/RECORD")):
             package = record.parent.name.removesuffix(".dist-info").rsplit("-", 1)[0]
             try:
                 rows = list(csv.reader(record.read_text(encoding="utf-8").splitlines()))
             except (OSError, UnicodeDecodeError) as exc:
-                problems.append(f"{record}: unreadable ({exc}) (package {package})")
+                found.append(Damage(str(record), f"unreadable ({exc})", package))
                 continue
             for row in rows:
                 if len(row) < 3 or not row[1] or not row[2] or row[0].startswith(".."):
@@ -267,16 +288,16 @@ def record_problems(root: Path) -> str:
                 try:
                     size = path.stat().st_size
                     if size != int(row[2]):
-                        problems.append(f"{row[0]}: {size} bytes, RECORD says {row[2]} (package {package})")
+                        found.append(Damage(row[0], f"{size} bytes, RECORD says {row[2]}", package))
                     elif row[0].endswith(".py") and _sha256(path) != row[1].removeprefix("sha256="):
-                        problems.append(f"{row[0]}: sha256 differs from RECORD (package {package})")
+                        found.append(Damage(row[0], "sha256 differs from RECORD", package))
                 except FileNotFoundError:
-                    problems.append(f"{row[0]}: missing (package {package})")
+                    found.append(Damage(row[0], "missing", package))
                 except (OSError, ValueError) as exc:
-                    problems.append(f"{row[0]}: {exc} (package {package})")
-                if len(problems) >= 5:
-                    return "; ".join(problems)
-    return "; ".join(problems)
+                    found.append(Damage(row[0], str(exc), package))
+                if len(found) >= limit:
+                    return found
+    return found
 
 
 def _sha256(path: Path) -> str:
