@@ -23,4 +23,5 @@ def resource(*parts: str) -> Path:
 BUNDLED_SUITE = resource("integration_tests")
 MATRIX_DIR = resource("matrix")
 DOCKERFILE_TEMPLATE = resource("images", "Dockerfile.template")
+NODE_INIT = resource("images", "node-init.py")  # PID 1 of every node container
 

@@ -197,11 +197,29 @@ def test_a_cells_containers_get_the_planned_environment_and_no_host_secret(engin
                             compat.load_compat(Path(__file__).resolve().parents[2] / "matrix" / "compat.toml"),
                             sources.read_pip_config(env), env, suite_dir=suite.BUNDLED_SUITE, say=print)
     started: list[ContainerSpec] = []
+    inspected: dict[str, list[str]] = {}  # container name -> `docker inspect`'s Config.Env, while it runs
     real = engine.run_group
 
     def recording(specs, **kwargs):  # type: ignore[no-untyped-def]
         started.extend(specs)
-        return real(specs, **kwargs)
+        stop = threading.Event()
+
+        def inspect() -> None:
+            while not stop.is_set():
+                for s in specs:
+                    if s.name not in inspected:
+                        got = subprocess.run(["docker", "inspect", "--format", "{{json .Config.Env}}", s.name],
+                                             capture_output=True, text=True, check=False)
+                        if got.returncode == 0:
+                            inspected[s.name] = json.loads(got.stdout)
+                time.sleep(0.2)
+        watcher = threading.Thread(target=inspect, daemon=True)
+        watcher.start()
+        try:
+            return real(specs, **kwargs)
+        finally:
+            stop.set()
+            watcher.join()
 
     backend.engine = type("Recording", (), {"run_group": staticmethod(recording),
                                             "__getattr__": lambda self, name: getattr(engine, name)})()
@@ -218,8 +236,45 @@ def test_a_cells_containers_get_the_planned_environment_and_no_host_secret(engin
     assert cell_specs and all("GITHUB_TOKEN" not in s.env and "AWS_SECRET_ACCESS_KEY" not in s.env
                               for s in cell_specs)
     assert all(s.env["HF_TOKEN"] == "hf-docker-canary" for s in cell_specs)  # passed explicitly: the suite has it
+    seen = [inspected[s.name] for s in cell_specs if s.name in inspected]
+    assert seen, f"no cell container was inspected while it ran: {inspected}"
+    for env_list in seen:  # what the engine really gave the container
+        names = {e.split("=", 1)[0] for e in env_list}
+        assert "GITHUB_TOKEN" not in names and "AWS_SECRET_ACCESS_KEY" not in names, env_list
+        assert "HF_TOKEN=hf-docker-canary" in env_list and "STACKGATE_RUN_ID=d11" in env_list
+        assert not any("canary" in e for e in env_list if not e.startswith("HF_TOKEN="))
     [outcome] = result.tests
     assert outcome.outcome == "failed" and "HF_TOKEN=***" in outcome.message and "canary" not in outcome.message
     left = subprocess.run(["docker", "ps", "-a", "--format", "{{.Names}}"], capture_output=True, text=True,
                           check=True).stdout.split()
     assert not {s.name for s in started} & set(left)  # the cell's containers (and the check's) are gone
+
+
+DAEMON = """
+import subprocess
+
+
+def test_starts_a_daemon():
+    # a session of its own: in a container it still dies with the container, but it must be named
+    subprocess.Popen(["sleep", "1001"], start_new_session=True)
+"""
+
+
+def test_a_daemon_that_outlives_the_suite_is_ended_and_named_by_the_container(docker_backend: DockerBackend,
+                                                                             cpu_image: EnvHandle,
+                                                                             tmp_path: Path) -> None:
+    """#19 item 10 on the Docker tier: the node container's init ends what the suite left running and
+    names it; the cell's result carries it as a leftover and no container is left."""
+    user_suite = tmp_path / "suite"
+    user_suite.mkdir()
+    (user_suite / "test_daemon.py").write_text(DAEMON)
+    spec = suite.SuiteSpec(path=user_suite, platform_checks=False, timeout_s=300)
+    cell = _cell(cpu_image, 1, 1)
+    result = run_cell(docker_backend, cell, cpu_image, RunContext("d10", tmp_path / "run", spec))
+    assert result.status is Status.PASSED, result.log_tail[-3000:]
+    left = result.environment.get("leftover_processes")
+    assert left and "sleep 1001" in left[0], result.environment
+    names = subprocess.run(["docker", "ps", "-a", "--format", "{{.Names}}"], capture_output=True, text=True,
+                           check=True).stdout.split()
+    assert not [n for n in names if n.startswith("sg-d10")], names
+    assert subprocess.run(["pgrep", "-f", "sleep 1001"], capture_output=True, check=False).returncode == 1

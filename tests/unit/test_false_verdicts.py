@@ -133,3 +133,21 @@ def test_a_refused_link_makes_the_candidate_inconclusive(no_subprocesses: Memory
     assert "passwd -> /etc/passwd" in reason["message"]
     copied = list((tmp_path / "r" / "mem" / "artifacts").rglob("passwd"))
     assert all(p.is_symlink() and "production-main" in str(p) for p in copied)  # only the one the test made
+
+
+def test_a_process_the_suite_left_running_is_a_note_in_the_report_not_a_verdict(no_subprocesses: MemoryBackend,
+                                                                                 run_memory: RunMemory) -> None:
+    """#19 item 10, decided on the result a backend reports: the ended leftover is named, GO holds."""
+    import dataclasses
+
+    def script(command: NodeCommand, exe: Execution) -> NodeExit:
+        done = answer(command, {"test_model.py::test_ok": "passed"},
+                      returncode=5 if command.env["STACKGATE_PHASE"] == "rollback" else 0)
+        if command.env["STACKGATE_ROLE"] == "candidate" and command.env["STACKGATE_PHASE"] != "rollback":
+            done = dataclasses.replace(done, leftovers=("pid 41: sleep 1001",))
+        return done
+    no_subprocesses.script = script
+    code, report, _ = run_memory()
+    assert (code, report["decision"]) == (0, "GO"), report["reasons"]
+    [note] = [r for r in report["reasons"] if r["kind"] == "leftover-process"]
+    assert note["severity"] == "info" and "sleep 1001" in note["message"] and "torch2.14.1" in note["cell"]

@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from stackgate import proc
+from stackgate import bundled, proc
 from stackgate.backends.base import TORCH_PROBE, EnvHandle, Execution, PrepareFailed, torch_probe_problem
 from stackgate.backends.docker import images
 from stackgate.backends.docker.engine import BuildError, ContainerExit, ContainerSpec, Engine
@@ -25,6 +25,8 @@ from stackgate.suite_deps import SuiteDeps
 
 SUITE_IN_IMAGE = "/opt/stackgate/suite"
 RDZV_PORT = 29400
+# PID 1 of every node container: runs the node's command, then ends and names what it left running
+NODE_INIT = bundled.NODE_INIT.read_text()
 
 
 class DockerBackend:
@@ -145,10 +147,12 @@ class DockerBackend:
         if exe.suite != self.suite_dir.resolve():
             mounts.append((str(exe.suite), "/sg/suite", "ro"))
         label = commands[0].label if commands else "none"
-        specs = [ContainerSpec(name=f"sg-{exe.tag}-{c.label}-node{c.node}", image=handle.ref, command=c.argv,
+        reports = [f"leftovers-node{c.node}-{c.label}.txt" for c in commands]
+        specs = [ContainerSpec(name=f"sg-{exe.tag}-{c.label}-node{c.node}", image=handle.ref,
+                               command=("python", "-c", NODE_INIT, f"/sg/out/{r}", "--", *c.argv),
                                env=dict(c.env), mounts=tuple(mounts), hostname=f"node{c.node}",
                                gpu=exe.cell.device == "cuda", user=f"{os.getuid()}:{os.getgid()}", workdir=str(c.cwd))
-                 for c in commands]
+                 for c, r in zip(commands, reports, strict=True)]
         ran = self.engine.run_group(specs, network=f"sg-{exe.tag}-{label}",
                                     timeout_s=max(deadline - time.monotonic(), 1), on_line=exe.on_line)
         for command, ex in zip(commands, ran, strict=True):
@@ -156,7 +160,13 @@ class DockerBackend:
             for line in ex.log.splitlines():
                 log.write(line)
             log.close()
-        return tuple(_node_exit(c.node, ex) for c, ex in zip(commands, ran, strict=True))
+        exits = [_node_exit(c.node, ex, _leftovers(exe.workdir / r)) for c, ex, r in zip(commands, ran, reports,
+                                                                                          strict=True)]
+        for ex in exits:
+            if ex.leftovers:
+                self.say(f"  container {ex.name} ended {len(ex.leftovers)} process(es) that outlived the suite: "
+                         + "; ".join(x[:80] for x in ex.leftovers))
+        return tuple(exits)
 
     def describe(self, handle: EnvHandle) -> dict[str, Any]:
         return {"backend": "docker", "image": handle.ref, "env_key": handle.key,
@@ -172,7 +182,17 @@ def _conflict(output: str) -> str:
     return " / ".join(lines[-4:])[:600] or output.strip()[-300:]
 
 
-def _node_exit(node: int, ex: ContainerExit) -> NodeExit:
+def _leftovers(report: Path) -> tuple[str, ...]:
+    """What a node container's init ended after the node's command ("pid N: command"), read once."""
+    try:
+        lines = report.read_text(errors="replace").splitlines()[:50]
+    except OSError:
+        return ()
+    report.unlink(missing_ok=True)
+    return tuple(line[:240] for line in lines if line.strip())
+
+
+def _node_exit(node: int, ex: ContainerExit, leftovers: tuple[str, ...] = ()) -> NodeExit:
     """A container's exit as data: the engine's OOMKilled flag, not a line in a log."""
     tail = "\n".join(ex.log.splitlines()[-200:])
     code = ex.exit_code if ex.exit_code is not None else -9
@@ -182,4 +202,5 @@ def _node_exit(node: int, ex: ContainerExit) -> NodeExit:
     elif code == 137:
         code = -9
         tail += f"\n[stackgate] container {ex.name} was killed (exit 137)"
-    return NodeExit(node, ex.name, code, ex.timed_out, oom_killed=ex.oom_killed, duration_s=ex.duration_s, tail=tail)
+    return NodeExit(node, ex.name, code, ex.timed_out, oom_killed=ex.oom_killed, duration_s=ex.duration_s, tail=tail,
+                    leftovers=leftovers)
