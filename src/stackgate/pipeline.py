@@ -36,7 +36,7 @@ from stackgate import (
     suite_deps,
 )
 from stackgate import compat as compat_mod
-from stackgate.backends.base import Backend, EnvHandle, Execution, PrepareFailed, RunContext, run_cell
+from stackgate.backends.base import ATTEMPT_PREFIX, Backend, EnvHandle, Execution, PrepareFailed, RunContext, run_cell
 from stackgate.bundled import BUNDLED_SUITE
 from stackgate.console import Console
 from stackgate.errors import ConfigError, ExitCode, InfraError
@@ -941,7 +941,9 @@ def _run_one(backend: Backend, cell: Cell, handle: Handle, ctx: RunContext, prog
     if ctx.suite_deps:
         environment["suite_requirements"] = ctx.suite_deps
     result = ctx.mask.result(replace(result, environment=environment))
-    ctx.mask.scrub(ctx.run_dir / "cells" / label)  # what pytest and the nodes wrote there
+    cell_dir = ctx.run_dir / "cells" / label
+    for folder in (cell_dir, *cell_dir.glob(f"{ATTEMPT_PREFIX}*")):  # what the nodes and pytest wrote there
+        ctx.mask.scrub(folder)
     say(f"  {label}: {result.status.value} in {result.duration_s:.0f}s {result.reason[:200]}")
     return result
 

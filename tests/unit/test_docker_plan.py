@@ -60,8 +60,9 @@ class FakeEngine:
         self.groups.append((list(specs), network))
         out = []
         for i, spec in enumerate(specs):
-            workdir = Path(spec.mounts[0][0])
-            (workdir / f"junit-node{i}.xml").write_text(
+            [junit] = [a.split("=", 1)[1] for a in spec.command if a.startswith("--junitxml=")]
+            host, inside, _ = spec.mounts[0]  # where the command writes, seen from the host
+            Path(host, Path(junit).relative_to(inside)).write_text(
                 '<testsuite><testcase classname="t" file="test_t.py" name="test_ok" time="1"/></testsuite>')
             out.append(ContainerExit(spec.name, self.exit_codes[i % len(self.exit_codes)], False, False, "log"))
         return out

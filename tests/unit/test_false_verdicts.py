@@ -151,3 +151,31 @@ def test_a_process_the_suite_left_running_is_a_note_in_the_report_not_a_verdict(
     assert (code, report["decision"]) == (0, "GO"), report["reasons"]
     [note] = [r for r in report["reasons"] if r["kind"] == "leftover-process"]
     assert note["severity"] == "info" and "sleep 1001" in note["message"] and "torch2.14.1" in note["cell"]
+
+
+def test_an_earlier_attempts_writer_never_reaches_the_next_attempts_evidence(tmp_path: Path) -> None:
+    """#19 item 5: each attempt writes its JUnit and records in a directory of its own; a process of a
+    killed attempt that still writes (to the path its environment names) is not merged into the rerun."""
+    from stackgate.backends.base import EnvHandle, RunContext, run_cell
+    from stackgate.suite import SuiteSpec
+    from tests.unit.test_user_paths import _user_cells
+    cell, _ = _user_cells()
+    earlier: list[Path] = []
+
+    def script(command: NodeCommand, exe: Execution) -> NodeExit:
+        for path in earlier:  # the orphan of the first attempt, still writing during the second
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with path.open("a") as fh:
+                fh.write(json.dumps({"kind": "metric", "name": "orphan.step_time", "samples": [1.0]}) + "\n")
+        earlier.append(Path(command.env["STACKGATE_RESULTS"]))
+        return answer(command, {"test_a.py::test_ok": "passed"},
+                      metrics=[{"name": "own.step_time", "samples": [2.0]}])
+
+    backend = MemoryBackend(script=script)
+    handle = EnvHandle(cell.stack, "memory", "k", reused=True, prepare_s=0.0)
+    ctx = RunContext("attempts", tmp_path / "run", SuiteSpec(path=tmp_path, platform_checks=False))
+    first = run_cell(backend, cell, handle, ctx)
+    second = run_cell(backend, cell, handle, ctx)
+    assert [m.name for m in first.metrics] == ["own.step_time"]
+    assert [m.name for m in second.metrics] == ["own.step_time"], [m.name for m in second.metrics]
+    assert earlier[0].parent != earlier[1].parent and earlier[1].parent.parent == earlier[0].parent.parent

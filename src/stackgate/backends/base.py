@@ -5,10 +5,11 @@ from __future__ import annotations
 import hashlib
 import random
 import secrets
+import shutil
 import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -57,8 +58,10 @@ class RunContext:
     def fresh_cell_dir(self, cell: Cell) -> tuple[Path, Path]:
         """The cell's directory without outputs of an earlier attempt, and its shared scratch directory."""
         workdir = self.cell_dir(cell)
-        for old in [*workdir.glob("junit-node*.xml"), *workdir.glob("results-node*.jsonl"), *workdir.glob("node*.log")]:
+        for old in workdir.glob("node*.log"):
             old.unlink()
+        for attempt in workdir.glob(f"{ATTEMPT_PREFIX}*"):  # a killed attempt's evidence is never read again
+            shutil.rmtree(attempt, ignore_errors=True)
         shared = workdir / "shared"
         shared.mkdir(exist_ok=True)
         return workdir, shared
@@ -74,6 +77,8 @@ class RunContext:
         path.mkdir(parents=True, exist_ok=True)
         return path
 
+
+ATTEMPT_PREFIX = "attempt-"  # cells/<result>/attempt-<tag>/: one attempt's JUnit and metric records
 
 # A cached environment's check, the same on every backend: its interpreter imports torch at the version
 # the stack asks for.
@@ -135,14 +140,19 @@ def run_cell(backend: Backend, cell: Cell, handle: EnvHandle, ctx: RunContext) -
     workdir, shared = ctx.fresh_cell_dir(cell)
     tag = hashlib.sha1(f"{ctx.run_id}/{ctx.result_id(cell)}/{secrets.token_hex(4)}".encode()).hexdigest()[:10]
     exe = Execution(cell, workdir, ctx.artifacts_dir(cell), shared, ctx.suite.path.resolve(), tag, ctx.on_line)
-    layout = backend.layout(handle, exe)
+    # this attempt's JUnit and records go where only it writes: a process of a killed attempt that is
+    # still alive writes into a directory that is gone or never read, not into this attempt's evidence
+    evidence = workdir / f"{ATTEMPT_PREFIX}{tag}"
+    evidence.mkdir()
+    base_layout = backend.layout(handle, exe)
+    layout = replace(base_layout, out=base_layout.out / evidence.name)
     start = time.monotonic()
     deadline = start + ctx.suite.timeout_s
     exits: list[NodeExit] = []
     for group in node_commands(cell, ctx, layout):
         exits += backend.execute(handle, group, deadline, exe)
     extra = {**backend.describe(handle), **({"refused_links": list(ctx.refused_links)} if ctx.refused_links else {})}
-    return build_result(cell, exits, workdir, time.monotonic() - start, ctx, extra_env=extra)
+    return build_result(cell, exits, evidence, time.monotonic() - start, ctx, extra_env=extra)
 
 
 def free_port(low: int = 20000, high: int = 40000) -> int:

@@ -162,10 +162,10 @@ class DockerBackend:
             log.close()
         exits = [_node_exit(c.node, ex, _leftovers(exe.workdir / r)) for c, ex, r in zip(commands, ran, reports,
                                                                                           strict=True)]
-        for ex in exits:
-            if ex.leftovers:
-                self.say(f"  container {ex.name} ended {len(ex.leftovers)} process(es) that outlived the suite: "
-                         + "; ".join(x[:80] for x in ex.leftovers))
+        for done in exits:
+            if done.leftovers:
+                self.say(f"  container {done.name} ended {len(done.leftovers)} process(es) that outlived the suite: "
+                         + "; ".join(x[:80] for x in done.leftovers))
         return tuple(exits)
 
     def describe(self, handle: EnvHandle) -> dict[str, Any]:
