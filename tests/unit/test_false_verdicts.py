@@ -151,6 +151,9 @@ def test_a_process_the_suite_left_running_is_a_note_in_the_report_not_a_verdict(
     assert (code, report["decision"]) == (0, "GO"), report["reasons"]
     [note] = [r for r in report["reasons"] if r["kind"] == "leftover-process"]
     assert note["severity"] == "info" and "sleep 1001" in note["message"] and "torch2.14.1" in note["cell"]
+    out = Path(report["run"]["options"]["reports"]["value"]) / "mem"
+    for name in ("report.md", "report.html"):  # a note every report shows, not only the JSON
+        assert "outlived the suite and were ended: pid 41: sleep 1001" in (out / name).read_text(), name
 
 
 def test_an_earlier_attempts_writer_never_reaches_the_next_attempts_evidence(tmp_path: Path) -> None:

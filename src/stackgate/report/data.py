@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stackgate.gate import Evidence, GateOutcome
-from stackgate.model import Cell, CellResult, NotHere, Pruned, Role, Status
+from stackgate.model import Cell, CellResult, NotHere, Pruned, Reason, Role, Severity, Status
 
 SCHEMA_VERSION = 1
 KEY_PACKAGES = ("torch", "triton", "numpy", "nvidia-nccl", "nvidia-cudnn", "nvidia-cublas", "nvidia-cuda-runtime")
@@ -125,6 +125,16 @@ def stack_diffs(cells: Sequence[Cell], results: Mapping[str, CellResult]) -> tup
 
 def now() -> str:
     return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+# INFO reasons each report shows in a section of its own, not under "Notes"
+OWN_SECTION = ("new-warning", "not-run-here", "preexisting-failure")
+
+
+def notes(report: RunReport) -> list[Reason]:
+    """What a reader should know that decides nothing (a process the suite left running, a test the
+    upgrade fixed): the same list in every report."""
+    return [r for r in report.gate.verdict.reasons if r.severity is Severity.INFO and r.kind not in OWN_SECTION]
 
 
 def counts(report: RunReport) -> dict[str, int]:

@@ -9,7 +9,7 @@ from html import escape
 from pathlib import Path
 
 from stackgate.model import CellResult, Role, Severity
-from stackgate.report.data import RunReport
+from stackgate.report.data import RunReport, notes
 from stackgate.report.files import atomic_write, strip_control
 
 COLOURS = {"passed": "#2e7d32", "failed": "#c62828", "error": "#6a1b9a", "timeout": "#ef6c00", "oom": "#ad1457",
@@ -186,6 +186,11 @@ def render(report: RunReport) -> str:
     if ev.new_warnings:
         h.append("<h2>New warnings in the candidate</h2><ul>")
         h += [f"<li><code>{escape(cell)}</code>: {escape(w)}</li>" for cell, ws in ev.new_warnings.items() for w in ws]
+        h.append("</ul>")
+    info = notes(report)
+    if info:
+        h.append("<h2>Notes</h2><ul>")
+        h += [f"<li><code>{escape(r.cell)}</code>: {escape(r.message)}</li>" for r in info]
         h.append("</ul>")
     h.append("<h2>Cells</h2>")
     for cell, result in report.result_rows():

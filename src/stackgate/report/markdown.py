@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from stackgate.model import Severity
-from stackgate.report.data import RunReport, counts
+from stackgate.report.data import RunReport, counts, notes
 from stackgate.report.files import atomic_write, strip_control
 
 ICON = {"GO": "GO ✅", "NO-GO": "NO-GO ❌", "INCONCLUSIVE": "INCONCLUSIVE ⚠️"}
@@ -127,8 +127,7 @@ def render(report: RunReport) -> str:
         for metric, points in report.trends.items():
             lines.append(f"- {md_escape(metric)}: " + " → ".join(f"{value:.4g}" for _, value in points))
         lines.append("")
-    info = [r for r in v.reasons if r.severity is Severity.INFO and r.kind not in ("new-warning", "not-run-here",
-                                                                                     "preexisting-failure")]
+    info = notes(report)
     if info:
         lines += ["## Notes", ""] + [f"- {md_escape(r.cell)}: {md_escape(r.message)}" for r in info] + [""]
     return "\n".join(lines)
