@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TextIO
 
 from stackgate.errors import InfraError
 
@@ -26,22 +27,46 @@ LINE_BYTES = 64 << 10
 
 
 class CappedLog:
-    """The head and the tail of a process's output, in a file."""
+    """The head and the tail of a process's output, in a file. A file that cannot be written (a full
+    disk) never stops the process or its reader: the first error is kept in `error` (and said by
+    `problem`), and nothing more is written."""
 
     def __init__(self, path: Path, argv: Sequence[str] = ()) -> None:
-        self.fh = path.open("a", encoding="utf-8", errors="replace")
-        if argv:
-            self.fh.write(f"$ {shlex.join(argv)}\n")
-            self.fh.flush()
+        self.path = path
+        self.error: OSError | None = None
+        self.fh: TextIO | None = None
         self.written = 0
         self.omitted = 0
         self.tail: collections.deque[str] = collections.deque()
         self.tail_bytes = 0
+        try:
+            self.fh = path.open("a", encoding="utf-8", errors="replace")
+        except OSError as exc:
+            self.error = exc
+        if argv:
+            self._put(f"$ {shlex.join(argv)}\n", flush=True)
+
+    def _put(self, text: str, flush: bool = False) -> None:
+        if self.fh is None or self.error is not None:
+            return
+        try:
+            self.fh.write(text)
+            if flush:
+                self.fh.flush()
+        except OSError as exc:
+            self.error = exc
+
+    @property
+    def problem(self) -> str:
+        """"" when every line was written, else why not (a line `resolve.is_disk_full` reads)."""
+        if self.error is None:
+            return ""
+        return f"[stackgate] cannot write the log {self.path}: [Errno {self.error.errno}] {self.error.strerror}"
 
     def write(self, line: str) -> None:
         size = len(line) + 1
         if self.written + size <= LOG_HEAD_BYTES and not self.tail:
-            self.fh.write(line + "\n")
+            self._put(line + "\n")
             self.written += size
             return
         self.tail.append(line)
@@ -53,11 +78,15 @@ class CappedLog:
 
     def close(self) -> None:
         if self.omitted:
-            self.fh.write(f"[stackgate] {self.omitted} bytes of output left out here (a log keeps its first "
-                          f"{LOG_HEAD_BYTES} and last {LOG_TAIL_BYTES} bytes)\n")
+            self._put(f"[stackgate] {self.omitted} bytes of output left out here (a log keeps its first "
+                      f"{LOG_HEAD_BYTES} and last {LOG_TAIL_BYTES} bytes)\n")
         for line in self.tail:
-            self.fh.write(line + "\n")
-        self.fh.close()
+            self._put(line + "\n")
+        if self.fh is not None:
+            try:
+                self.fh.close()
+            except OSError as exc:  # the buffered rest did not fit
+                self.error = self.error or exc
 
 
 _LIVE: set[subprocess.Popen[str]] = set()  # every process group started by `run` and not yet reaped
@@ -132,6 +161,8 @@ def run(
             proc.stdout.close()
         if log:
             log.close()
+            if log.problem:
+                tail.append(log.problem)
     return ProcResult(tuple(argv), proc.returncode, timed_out, time.monotonic() - start, "\n".join(tail))
 
 

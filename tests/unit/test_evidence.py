@@ -195,3 +195,17 @@ def test_a_log_keeps_its_head_and_tail(tmp_path: Path, monkeypatch: pytest.Monke
     assert len(text) < 10_000 + 5_000 + 1000
     assert "line 0\n" in text and "the end\n" in text and "bytes of output left out here" in text
     assert "line 99999" not in text
+
+
+def test_a_node_log_on_a_full_disk_never_raises_and_the_tail_says_the_disk_is_full() -> None:
+    """#19 item 4: at 16 KiB free the node's log raised in the node's thread (a traceback, the node's exit
+    lost). /dev/full answers every write with ENOSPC: the process still runs to its end, and its result
+    says why its log is missing, in words the disk-full rule reads."""
+    import sys
+
+    from stackgate import proc
+    from stackgate.resolve import is_disk_full
+    result = proc.run([sys.executable, "-c", "print('x' * 100000)"], log_path=Path("/dev/full"))
+    assert result.returncode == 0
+    assert "cannot write the log /dev/full: [Errno 28] No space left on device" in result.tail
+    assert is_disk_full(result.tail)

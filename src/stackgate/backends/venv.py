@@ -182,9 +182,16 @@ class VenvBackend:
             env = {**node_base(self.env), **command.env}  # an allow-list: no host secret reaches the suite
             env["PATH"] = venv_bin + os.pathsep + env.get("PATH", "")
             env["VIRTUAL_ENV"] = str(Path(venv_bin).parent)
-            result = proc.run(command.argv, env=env, cwd=command.cwd, timeout_s=max(deadline - time.monotonic(), 1),
-                              on_line=exe.on_line if command.node == 0 else None,
-                              log_path=exe.workdir / f"node{command.node}.log")
+            try:
+                result = proc.run(command.argv, env=env, cwd=command.cwd,
+                                  timeout_s=max(deadline - time.monotonic(), 1),
+                                  on_line=exe.on_line if command.node == 0 else None,
+                                  log_path=exe.workdir / f"node{command.node}.log")
+            except OSError as exc:  # never a thread's traceback: the node did not run, and says why
+                exits[i] = NodeExit(command.node, command.argv[0], -1,
+                                    tail=f"[stackgate] node {command.node} could not start: [Errno {exc.errno}] "
+                                         f"{exc.strerror}")
+                return
             killed = result.returncode in (-9, 137)
             exits[i] = NodeExit(command.node, command.argv[0], result.returncode, result.timed_out,
                                 oom_killed=killed and bool(_KILLED_FOR_MEMORY.search(result.tail)),

@@ -3,6 +3,7 @@ runs one container per node on a private network, each `torchrun`-ing through th
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import time
@@ -155,11 +156,14 @@ class DockerBackend:
                  for c, r in zip(commands, reports, strict=True)]
         ran = self.engine.run_group(specs, network=f"sg-{exe.tag}-{label}",
                                     timeout_s=max(deadline - time.monotonic(), 1), on_line=exe.on_line)
+        kept = []
         for command, ex in zip(commands, ran, strict=True):
             log = proc.CappedLog(exe.workdir / f"node{command.node}.log")
             for line in ex.log.splitlines():
                 log.write(line)
             log.close()
+            kept.append(dataclasses.replace(ex, log=f"{ex.log}\n{log.problem}") if log.problem else ex)
+        ran = kept
         exits = [_node_exit(c.node, ex, _leftovers(exe.workdir / r)) for c, ex, r in zip(commands, ran, reports,
                                                                                           strict=True)]
         for done in exits:
