@@ -21,11 +21,11 @@ from typing import Any
 
 from packaging.version import Version
 
-from stackgate import matrix, nightly, results
+from stackgate import fleet, matrix, nightly, results
 from stackgate.compat import CompatTable
 from stackgate.console import stdout_line
 from stackgate.errors import ConfigError, ExitCode
-from stackgate.model import Cell, CellResult, Role, Status
+from stackgate.model import MAIN, Cell, CellResult, Role
 from stackgate.options import Options
 from stackgate.report.files import atomic_write, strip_control
 from stackgate.versions import parse_torch
@@ -97,11 +97,10 @@ def bounds(state: Bisect) -> tuple[str | None, str | None]:
 def step_outcome(code: int, found: Iterable[CellResult]) -> str:
     """good: GO; bad: NO-GO because a candidate's tests failed; anything else (a build that failed,
     a guard, an infrastructure error, INCONCLUSIVE) says nothing about the regression: skip."""
-    candidates = [r for r in found if r.role is Role.CANDIDATE and r.phase == "main"]
+    candidates = [r for r in found if r.role is Role.CANDIDATE and r.phase == MAIN]
     if code == int(ExitCode.GO):
         return GOOD
-    if code == int(ExitCode.NO_GO) and candidates and all(r.status in (Status.PASSED, Status.FAILED)
-                                                          for r in candidates):
+    if code == int(ExitCode.NO_GO) and candidates and all(r.status.ran_suite for r in candidates):
         return BAD
     return SKIP
 
@@ -109,9 +108,9 @@ def step_outcome(code: int, found: Iterable[CellResult]) -> str:
 def selected(opts: Options, env: Mapping[str, str], version: str,
              only: Sequence[str]) -> tuple[CompatTable, list[Cell], list[nightly.Wheel]]:
     """The nightly cells `stackgate run --only ...` would run here, and the torch wheels their source offers."""
-    from stackgate import pipeline
-    loaded = pipeline.load(replace(opts, nightly_version=version), env, matrix.detect_local())
-    cells = [c for c in matrix.select(pipeline.expand(loaded), list(only), None).cells
+    from stackgate import inputs
+    loaded = inputs.load(replace(opts, nightly_version=version), env, fleet.detect_local())
+    cells = [c for c in matrix.select(inputs.expand(loaded), list(only), None).cells
              if nightly.build_date(c.stack.torch)]
     if not cells:
         raise ConfigError("no nightly cell of the matrix runs here" + (f" with --only {' '.join(only)}" if only else ""),
@@ -179,13 +178,13 @@ def run(opts: Options, env: Mapping[str, str], *, good: str | None, bad: str | N
 
 def _search(state: Bisect, home: Path, step_opts: Options, env: Mapping[str, str],
             say: Callable[[str], None]) -> None:
-    from stackgate import pipeline
+    from stackgate.commands.run import run
     while (version := next_version(state)) is not None:
         index = len(state.steps) + 1
         run_id = f"step{index}-{version.split('dev', 1)[-1]}"
         say(f"\n== bisect step {index}: {version} (run {run_id})")
-        code = pipeline.run(replace(step_opts, nightly_version=version, run_id=run_id,
-                                    history=home / "history.sqlite"), env, say)
+        code = run(replace(step_opts, nightly_version=version, run_id=run_id, history=home / "history.sqlite"),
+                   env, say)
         outcome = step_outcome(code, results.read(home / run_id).values())
         state.steps.append(Step(version, run_id, outcome, code))
         say(f"== bisect step {index}: {version} is {outcome} (exit {code})")

@@ -12,7 +12,7 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-from stackgate import __version__, options
+from stackgate import __version__, fleet, options
 from stackgate.errors import ConfigError, ExitCode, InfraError, Interrupted, StackgateError, disk_full
 
 
@@ -134,27 +134,28 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "run":
-        from stackgate import pipeline
+        from stackgate.commands.dry_run import dry_run
+        from stackgate.commands.run import run
         cli = {k: v for k, v in vars(args).items() if k not in ("command", "dry_run")}
         opts = options.resolve(cli, os.environ, Path("stackgate.toml"))
         if args.dry_run:
-            return pipeline.dry_run(opts, dict(os.environ))
-        return pipeline.run(opts, dict(os.environ))
+            return dry_run(opts, dict(os.environ))
+        return run(opts, dict(os.environ))
     if args.command == "merge":
-        from stackgate import pipeline
+        from stackgate.commands.merge import merge
         cli = {k: v for k, v in vars(args).items() if k not in ("command", "bundles", "out")}
         if args.out:
             out = Path(args.out).absolute()
             cli.update(reports=str(out.parent), run_id=out.name)
         opts = options.resolve(cli, os.environ, Path("stackgate.toml"))
-        return pipeline.merge(opts, dict(os.environ), [Path(b).absolute() for b in args.bundles])
+        return merge(opts, dict(os.environ), [Path(b).absolute() for b in args.bundles])
     if args.command == "bisect":
         from stackgate import bisect
         cli = {k: v for k, v in vars(args).items() if k not in ("command", "good", "bad", "resume")}
         opts = options.resolve({**cli, "matrix": cli.get("matrix") or "nightly"}, os.environ, Path("stackgate.toml"))
         return bisect.run(opts, dict(os.environ), good=args.good, bad=args.bad, resume=args.resume)
     if args.command == "calibrate":
-        from stackgate import pipeline
+        from stackgate.commands.calibrate import calibrate
         if not 4 <= args.runs <= 200 or args.runs % 2:
             raise ConfigError(f"--runs {args.runs}: need an even number from 4 to 200 (A/A pairs)")
         if not 0 < args.target < 1:
@@ -164,7 +165,7 @@ def _dispatch(args: argparse.Namespace) -> int:
             raise ConfigError(f"--allow {allow}: the change that must pass must be >= 0 and below --target {args.target}")
         cli = {k: v for k, v in vars(args).items() if k not in ("command", "runs", "target", "allow")}
         opts = options.resolve(cli, os.environ, Path("stackgate.toml"))
-        return pipeline.calibrate(opts, dict(os.environ), runs=args.runs, target=args.target, allow=allow)
+        return calibrate(opts, dict(os.environ), runs=args.runs, target=args.target, allow=allow)
     if args.command == "ci":
         return _ci_github(args)
     if args.command == "compat":
@@ -232,7 +233,7 @@ def _matrix_show(args: argparse.Namespace) -> int:
     table = compat.load_compat(cfg / "compat.toml")
     spec = matrix.load_matrix(opts.matrix)
     production = matrix.load_production(cfg / "production.toml")
-    pools = matrix.load_pools(cfg / "fleet.toml", matrix.detect_local())
+    pools = fleet.load_pools(cfg / "fleet.toml", fleet.detect_local())
     wanted = [args.candidate] if args.candidate else list(spec.torch)
     torches = [sources.resolve_nightly(spec.source, sources.read_pip_config(dict(os.environ)),
                                        target=matrix.wheel_target(spec)) if t == "nightly"
@@ -332,7 +333,7 @@ def _ci_github(args: argparse.Namespace) -> int:
     from stackgate.bundled import MATRIX_DIR
     cfg = Path(args.config_dir).absolute() if args.config_dir else (
         Path("matrix").absolute() if Path("matrix", "fleet.toml").is_file() else MATRIX_DIR)
-    pools = matrix.load_pools(cfg / "fleet.toml", matrix.LocalHost())
+    pools = fleet.load_pools(cfg / "fleet.toml", fleet.LocalHost())
     pools_of = {f"matrix/{name}.toml": ci.pools_for(matrix.load_matrix(cfg / f"{name}.toml").pools, pools)
                 for name in ("nightly", "upgrade")}
     out = Path(args.out)

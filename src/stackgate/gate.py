@@ -9,10 +9,12 @@ import datetime as dt
 import fnmatch
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 from stackgate import stats
+from stackgate.evidence import Evidence, GateOutcome, MetricComparison, ParityCheck, Preexisting
 from stackgate.model import (
+    ROLLBACK,
     Cell,
     CellResult,
     Decision,
@@ -23,54 +25,9 @@ from stackgate.model import (
     Severity,
     Status,
     Verdict,
+    repeat,
 )
 from stackgate.policy import Policy
-
-
-@dataclass(frozen=True)
-class MetricComparison:
-    cell: str
-    baseline: str
-    metric: str
-    unit: str
-    device: str
-    comparison: stats.Comparison
-    gated: bool
-
-
-@dataclass(frozen=True)
-class ParityCheck:
-    cell: str
-    baseline: str
-    metric: str
-    parity: stats.Parity
-    rtol: float
-    atol: float
-
-
-@dataclass(frozen=True)
-class Preexisting:
-    """A test that failed in the candidate and in its production baseline: not caused by the upgrade."""
-
-    cell: str
-    baseline: str
-    test: str
-    candidate: str  # the candidate's outcome and first message line
-    production: str  # production's
-
-
-@dataclass(frozen=True)
-class Evidence:
-    comparisons: tuple[MetricComparison, ...] = ()
-    parity: tuple[ParityCheck, ...] = ()
-    new_warnings: dict[str, tuple[str, ...]] = field(default_factory=dict)
-    preexisting: tuple[Preexisting, ...] = ()
-
-
-@dataclass(frozen=True)
-class GateOutcome:
-    verdict: Verdict
-    evidence: Evidence
 
 
 def _matches(name: str, globs: Sequence[str]) -> bool:
@@ -121,7 +78,7 @@ def decide(cells: Sequence[Cell], not_here: Sequence[NotHere], results: Mapping[
         missing = Severity.INCONCLUSIVE if cand.id in required else Severity.INFO
         base = by_id.get(cand.baseline)
         if base is not None:
-            found, known = _rollback_reasons(cand, results.get(base.result_id("rollback", cand)),
+            found, known = _rollback_reasons(cand, results.get(base.result_id(ROLLBACK, cand)),
                                              results.get(base.id), policy)
             reasons += found
             preexisting += known
@@ -134,7 +91,7 @@ def decide(cells: Sequence[Cell], not_here: Sequence[NotHere], results: Mapping[
             reasons.append(Reason(missing, f"production baseline {base.id} has no result: nothing to compare with",
                                   cell=cand.id, kind="no-baseline"))
             continue
-        if not (_ran(bres) and _ran(cres)):
+        if not (bres.status.ran_suite and cres.status.ran_suite):
             continue  # a cell that did not run its suite has its own reason above
         c_cmp, c_par, c_reasons = _compare(cand, base, cres, bres, policy, missing,
                                            repeats=repeat_pairs(cand, base, results))
@@ -163,15 +120,10 @@ def decide(cells: Sequence[Cell], not_here: Sequence[NotHere], results: Mapping[
                        Evidence(tuple(comparisons), tuple(parity), new_warnings, tuple(preexisting)))
 
 
-def _ran(result: CellResult) -> bool:
-    """The suite ran to completion (its tests passed or failed): its metrics can be compared."""
-    return result.status in (Status.PASSED, Status.FAILED)
-
-
 def _ran_pair(cand: Cell, results: Mapping[str, CellResult]) -> bool:
     """A candidate and its production baseline both ran their suites: their tests can be compared."""
     c, b = results.get(cand.id), results.get(cand.baseline)
-    return c is not None and b is not None and _ran(c) and _ran(b)
+    return c is not None and b is not None and c.status.ran_suite and b.status.ran_suite
 
 
 def _is_failure(outcome: str) -> bool:
@@ -191,7 +143,7 @@ def _rollback_reasons(cell: Cell, rollback: CellResult | None, production: CellR
         return [], []
     out = []
     known = []
-    before = {t.name: t for t in production.tests} if production is not None and _ran(production) else {}
+    before = {t.name: t for t in production.tests} if production is not None and production.status.ran_suite else {}
     for t in rollback.tests:
         if t.outcome in ("failed", "error"):
             earlier = before.get(t.name)
@@ -209,7 +161,7 @@ def _rollback_reasons(cell: Cell, rollback: CellResult | None, production: CellR
     elif rollback.status is Status.FAILED and not any(t.outcome in ("failed", "error") for t in rollback.tests):
         out.append(Reason(Severity.BLOCKING, f"rollback phase failed with no failing test recorded: {rollback.reason}",
                           cell=cell.id, kind="rollback"))
-    elif not _ran(rollback):
+    elif not rollback.status.ran_suite:
         out.append(Reason(Severity.INCONCLUSIVE, f"rollback phase {rollback.status.value}: {rollback.reason}",
                           cell=cell.id, kind="rollback"))
     return out, known
@@ -233,7 +185,7 @@ def _cell_reasons(cell: Cell, result: CellResult, is_required: bool, policy: Pol
         out.append(Reason(Severity.INCONCLUSIVE, f"{prefix}{what}: {result.reason}", cell=cell.id,
                           kind=f"cell-{result.status.value}"))
         return out, known
-    if not _ran(result):
+    if not result.status.ran_suite:
         out.append(Reason(bad, f"{prefix}cell {result.status.value}: {result.reason}", cell=cell.id,
                           kind=f"cell-{result.status.value}"))
         return out, known
@@ -324,10 +276,10 @@ def repeat_pairs(cand: Cell, base: Cell, results: Mapping[str, CellResult]) -> l
     """The interleaved repeats of the performance-gated tests: (production, candidate) run r."""
     pairs = []
     for r in range(1, 10_000):
-        b, c = results.get(base.result_id(f"repeat{r}")), results.get(cand.result_id(f"repeat{r}"))
+        b, c = results.get(base.result_id(repeat(r))), results.get(cand.result_id(repeat(r)))
         if b is None or c is None:
             break
-        if _ran(b) and _ran(c):
+        if b.status.ran_suite and c.status.ran_suite:
             pairs.append((b, c))
     return pairs
 
@@ -338,7 +290,7 @@ def unsettled(cand: Cell, base: Cell, results: Mapping[str, CellResult], policy:
     `confirm_repeats` runs (the steps of one run are blind to run-to-run noise, so one run never
     makes a performance NO-GO when confirmation is on). Metric key -> why."""
     cres, bres = results.get(cand.id), results.get(base.id)
-    if cres is None or bres is None or not (_ran(cres) and _ran(bres)):
+    if cres is None or bres is None or not (cres.status.ran_suite and bres.status.ran_suite):
         return {}
     pairs = repeat_pairs(cand, base, results)
     runs = 1 + len(pairs)

@@ -11,7 +11,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from stackgate.model import CellResult, Role
+from stackgate.model import MAIN, CellResult, Role
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -69,13 +69,13 @@ def record(path: Path, *, run_id: str, matrix: str, channel: str, started: str, 
         conn.execute("DELETE FROM cells WHERE run_id = ?", (run_id,))
         conn.executemany("INSERT OR REPLACE INTO cells VALUES (?,?,?,?,?)",
                          [(run_id, r.cell_id, r.role.value, str(r.cell.get("stack", {}).get("torch", "")),
-                           r.status.value) for r in results if r.phase == "main"])
+                           r.status.value) for r in results if r.phase == MAIN])
 
 
 def _metric_rows(run_id: str, results: Sequence[CellResult]) -> list[tuple[str, str, str, str, str, float, int]]:
     rows = []
     for result in results:
-        if result.phase != "main":  # repeats and rollbacks are evidence for the gate, not trend points
+        if result.phase != MAIN:  # repeats and rollbacks are evidence for the gate, not trend points
             continue
         for m in result.metrics:
             if m.samples and m.better != "equal" and all(math.isfinite(s) for s in m.samples):

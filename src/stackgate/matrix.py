@@ -1,8 +1,5 @@
-"""Matrix model: load pools, production and a matrix file; expand to cells; prune; select.
-
-Pure functions over parsed data; nothing here touches a process or the network except
-`detect_local` (nvidia-smi), which callers run once and pass in.
-"""
+"""Matrix model: load production and a matrix file; expand to cells over the fleet's pools (`fleet`);
+prune; select. Pure functions over parsed data."""
 
 from __future__ import annotations
 
@@ -11,8 +8,6 @@ import fnmatch
 import itertools
 import platform
 import re
-import shutil
-import subprocess
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -21,73 +16,23 @@ from typing import Any
 from packaging.version import Version
 
 from stackgate import compat as compat_mod
+from stackgate import fleet, tomlfile
 from stackgate import sources as sources_mod
-from stackgate import tomlfile
 from stackgate.errors import ConfigError
 from stackgate.model import (
     Cell,
-    GpuClass,
     NotHere,
     Pruned,
     Role,
     RunnerPool,
-    SlurmSpec,
     Stack,
     Topology,
-    Transport,
     WheelSource,
 )
-from stackgate.versions import CudaVariant, Driver, parse_driver, parse_python, parse_torch
+from stackgate.versions import CudaVariant, parse_python, parse_torch
 
 DEFAULT_VARIANT = "default"  # a cuda axis value: the release's PyPI default build (compat.toml pypi_default)
 _TOPOLOGY = re.compile(r"^(\d+)x(\d+)$")
-MAX_NODES = 4096  # nodes of a pool, and of a topology
-MAX_GPUS_PER_NODE = 128
-MAX_PROCS_PER_NODE = 1024
-_DATACENTER = re.compile(r"\b(A100|A800|A10G?|A30|A40|H100|H800|H200|GH200|H20|B100|B200|B300|GB200|GB300|L4|L20|"
-                         r"L40S?|T4|V100)\b", re.I)
-
-
-@dataclass(frozen=True)
-class LocalHost:
-    """What the machine at hand offers, from nvidia-smi (or nothing)."""
-
-    driver: Driver | None = None
-    gpu: str = ""
-    gpu_count: int = 0
-
-    @property
-    def gpu_class(self) -> GpuClass:
-        if self.driver is None:
-            return GpuClass.NONE
-        return GpuClass.DATACENTER if _DATACENTER.search(self.gpu) else GpuClass.CONSUMER
-
-
-def detect_local(nvidia_smi: str | None = None) -> LocalHost:
-    """Query nvidia-smi; a missing or failing tool means a CPU runner.
-
-    nvidia-smi can exit 0 with a crashed driver; the per-GPU query below fails in that case, as
-    PyTorch's CI health probe relies on.
-    """
-    exe = nvidia_smi or shutil.which("nvidia-smi")
-    if not exe:
-        return LocalHost()
-    try:
-        proc = subprocess.run(
-            [exe, "--query-gpu=driver_version,name", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=30, check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return LocalHost()
-    return parse_nvidia_smi(proc.stdout) if proc.returncode == 0 else LocalHost()
-
-
-def parse_nvidia_smi(text: str) -> LocalHost:
-    rows = [line.split(",") for line in text.strip().splitlines() if line.strip()]
-    rows = [r for r in rows if len(r) >= 2 and "ERR" not in r[0]]
-    if not rows:
-        return LocalHost()
-    return LocalHost(driver=parse_driver(rows[0][0].strip()), gpu=rows[0][1].strip(), gpu_count=len(rows))
 
 
 @dataclass(frozen=True)
@@ -160,68 +105,6 @@ class Expansion:
 
 # ---------------------------------------------------------------------------------------------- load
 
-def load_pools(path: Path, local: LocalHost) -> dict[str, RunnerPool]:
-    doc = tomlfile.load(path)
-    tomlfile.check_keys(doc, doc.data, ["pool"])
-    pools: dict[str, RunnerPool] = {}
-    keys = ["detect", "driver", "gpu_class", "gpu", "gpus_per_node", "transport", "nodes", "runs_on", "launcher",
-            "partition", "account", "constraint"]
-    for name, row in tomlfile.get(doc, doc.data, "pool", dict).items():
-        if not re.fullmatch(r"[a-z0-9][a-z0-9\-]*", name):
-            raise doc.error(f"pool name {name!r} must be lower-case letters, digits and '-'", "pool", name)
-        tomlfile.check_keys(doc, row, keys, "pool", name)
-        nodes = tomlfile.get(doc, row, "nodes", int, "pool", name, default=1)
-        if not 1 <= nodes <= MAX_NODES:
-            raise doc.error(f"pool {name}: nodes = {nodes}; a pool has 1 to {MAX_NODES} nodes", "pool", name, "nodes")
-        gpus = tomlfile.get(doc, row, "gpus_per_node", int, "pool", name, default=0)
-        if not 0 <= gpus <= MAX_GPUS_PER_NODE:
-            raise doc.error(f"pool {name}: gpus_per_node = {gpus}; must be between 0 and {MAX_GPUS_PER_NODE}",
-                            "pool", name, "gpus_per_node")
-        runs_on = tomlfile.str_list(doc, row, "runs_on", "pool", name, default=[])
-        detect = tomlfile.get(doc, row, "detect", bool, "pool", name, default=False)
-        slurm = _slurm(doc, row, name)
-        # the expected network is what the pool declares; a detected pool that declares none expects "any"
-        transport = _parse(doc, Transport, tomlfile.get(doc, row, "transport", str, "pool", name,
-                                                        default="any" if detect else "none"),
-                           "pool", name, "transport")
-        if detect:
-            pools[name] = RunnerPool(
-                name=name, driver=local.driver, gpu_class=local.gpu_class, gpu=local.gpu or "cpu",
-                gpus_per_node=local.gpu_count, transport=transport if local.gpu_count else Transport.NONE,
-                nodes=nodes, is_local=True, runs_on=runs_on, slurm=slurm,
-            )
-            continue
-        driver = tomlfile.get(doc, row, "driver", str, "pool", name, default="")
-        pools[name] = RunnerPool(
-            name=name,
-            driver=_parse(doc, parse_driver, driver, "pool", name, "driver") if driver else None,
-            gpu_class=_parse(doc, GpuClass, tomlfile.get(doc, row, "gpu_class", str, "pool", name, default="none"),
-                             "pool", name, "gpu_class"),
-            gpu=tomlfile.get(doc, row, "gpu", str, "pool", name, default=""),
-            gpus_per_node=gpus,
-            transport=transport,
-            nodes=nodes,
-            runs_on=runs_on,
-            slurm=slurm,
-        )
-    return pools
-
-
-def _slurm(doc: tomlfile.Doc, row: Mapping[str, Any], name: str) -> SlurmSpec | None:
-    """`launcher = "slurm"` with its partition/account/constraint; those keys without it are an error."""
-    launcher = tomlfile.get(doc, row, "launcher", str, "pool", name, default="local")
-    if launcher not in ("local", "slurm"):
-        raise doc.error(f"pool {name}: launcher = {launcher!r}; use \"local\" or \"slurm\"", "pool", name, "launcher")
-    found = {k: tomlfile.get(doc, row, k, str, "pool", name, default="") for k in ("partition", "account", "constraint")}
-    if launcher == "local":
-        given = [k for k, v in found.items() if v]
-        if given:
-            raise doc.error(f"pool {name}: {', '.join(given)} only apply with launcher = \"slurm\"", "pool", name,
-                            given[0])
-        return None
-    return SlurmSpec(**found)
-
-
 def load_production(path: Path) -> Production:
     doc = tomlfile.load(path)
     tomlfile.check_keys(doc, doc.data, ["production"])
@@ -230,10 +113,10 @@ def load_production(path: Path) -> Production:
     cpu = tomlfile.get(doc, row, "cpu", dict, "production", default={})
     tomlfile.check_keys(doc, cpu, ["cuda"], "production", "cpu")
     return Production(
-        torch=_parse(doc, parse_torch, tomlfile.get(doc, row, "torch", str, "production"), "production", "torch"),
-        python=_parse(doc, parse_python, tomlfile.get(doc, row, "python", str, "production"), "production", "python"),
-        cuda=_parse(doc, CudaVariant.parse, tomlfile.get(doc, row, "cuda", str, "production"), "production", "cuda"),
-        cpu_cuda=_parse(doc, CudaVariant.parse, tomlfile.get(doc, cpu, "cuda", str, "production", "cpu", default="cpu"),
+        torch=tomlfile.parsed(doc, parse_torch, tomlfile.get(doc, row, "torch", str, "production"), "production", "torch"),
+        python=tomlfile.parsed(doc, parse_python, tomlfile.get(doc, row, "python", str, "production"), "production", "python"),
+        cuda=tomlfile.parsed(doc, CudaVariant.parse, tomlfile.get(doc, row, "cuda", str, "production"), "production", "cuda"),
+        cpu_cuda=tomlfile.parsed(doc, CudaVariant.parse, tomlfile.get(doc, cpu, "cuda", str, "production", "cpu", default="cpu"),
                         "production", "cpu", "cuda"),
         path=path,
     )
@@ -255,7 +138,7 @@ def load_matrix(path: Path) -> MatrixSpec:
                              "fails a guard), or leave it out")
     gpu_cuda = tomlfile.str_list(doc, m, "cuda", "matrix", nonempty=True)
     gpu = AxisSet(
-        cuda=tuple(_parse(doc, CudaVariant.parse, v, "matrix", "cuda") for v in gpu_cuda if v != DEFAULT_VARIANT),
+        cuda=tuple(tomlfile.parsed(doc, CudaVariant.parse, v, "matrix", "cuda") for v in gpu_cuda if v != DEFAULT_VARIANT),
         topology=tuple(_topology_word(doc, t, "matrix") for t in tomlfile.str_list(doc, m, "topology", "matrix", default=["node"], nonempty=True)),
         release_default=DEFAULT_VARIANT in gpu_cuda,
     )
@@ -263,7 +146,7 @@ def load_matrix(path: Path) -> MatrixSpec:
     tomlfile.check_keys(doc, cpu_row, ["cuda", "topology"], "matrix", "cpu")
     cpu_cuda = tomlfile.str_list(doc, cpu_row, "cuda", "matrix", "cpu", default=list(gpu_cuda), nonempty=True)
     cpu = AxisSet(
-        cuda=tuple(_parse(doc, CudaVariant.parse, v, "matrix", "cpu", "cuda") for v in cpu_cuda if v != DEFAULT_VARIANT),
+        cuda=tuple(tomlfile.parsed(doc, CudaVariant.parse, v, "matrix", "cpu", "cuda") for v in cpu_cuda if v != DEFAULT_VARIANT),
         topology=tuple(_topology_word(doc, t, "matrix", "cpu")
                        for t in tomlfile.str_list(doc, cpu_row, "topology", "matrix", "cpu", default=["1x2"])),
         release_default=DEFAULT_VARIANT in cpu_cuda,
@@ -271,7 +154,7 @@ def load_matrix(path: Path) -> MatrixSpec:
     torch = tomlfile.str_list(doc, m, "torch", "matrix", nonempty=True)
     for t in torch:
         if t != "nightly":
-            _parse(doc, parse_torch, t, "matrix", "torch")
+            tomlfile.parsed(doc, parse_torch, t, "matrix", "torch")
     channel = tomlfile.get(doc, m, "channel", str, "matrix", default="stable")
     if channel not in ("stable", "nightly", "test"):
         raise doc.error(f"unknown channel {channel!r}", "matrix", "channel", hint="use stable, test or nightly")
@@ -293,7 +176,7 @@ def load_matrix(path: Path) -> MatrixSpec:
         channel=channel,
         pools=tomlfile.str_list(doc, m, "pools", "matrix", nonempty=True),
         torch=torch,
-        python=tuple(_parse(doc, parse_python, p, "matrix", "python") for p in tomlfile.str_list(doc, m, "python", "matrix", nonempty=True)),
+        python=tuple(tomlfile.parsed(doc, parse_python, p, "matrix", "python") for p in tomlfile.str_list(doc, m, "python", "matrix", nonempty=True)),
         gpu_axes=gpu,
         cpu_axes=cpu,
         required=tomlfile.str_list(doc, m, "required", "matrix", default=[]),
@@ -330,9 +213,9 @@ def _nth_header_line(doc: tomlfile.Doc, kind: str, index: int) -> int | None:
 
 def _topology_word(doc: tomlfile.Doc, word: str, *where: str) -> str:
     match = _TOPOLOGY.match(word)
-    if match and not (1 <= int(match.group(1)) <= MAX_NODES and 1 <= int(match.group(2)) <= MAX_PROCS_PER_NODE):
+    if match and not (1 <= int(match.group(1)) <= fleet.MAX_NODES and 1 <= int(match.group(2)) <= fleet.MAX_PROCS_PER_NODE):
         raise doc.error(f"topology {word!r} needs at least one node and one process per node, and at most "
-                        f"{MAX_NODES} nodes and {MAX_PROCS_PER_NODE} processes per node", *where, "topology",
+                        f"{fleet.MAX_NODES} nodes and {fleet.MAX_PROCS_PER_NODE} processes per node", *where, "topology",
                         hint="for example 1x2 or 2x8")
     if word in ("node", "pool") or match:
         return word
@@ -346,19 +229,6 @@ def _parse(doc: tomlfile.Doc, parser: Any, value: Any, *keys: str) -> Any:
         raise doc.error(str(exc), *keys, hint=exc.hint) from None
     except ValueError as exc:
         raise doc.error(str(exc), *keys) from None
-
-
-def assign_runner(pools: Mapping[str, RunnerPool], names: Sequence[str], fleet: Path) -> dict[str, RunnerPool]:
-    """This runner declares which pools it serves (`--pool`): exactly those run here, whatever their
-    names; every other pool, detected or not, is "not run here". No names: the detected pools run."""
-    if not names:
-        return dict(pools)
-    for name in names:
-        if name not in pools:
-            close = difflib.get_close_matches(name, list(pools), n=1)
-            raise ConfigError(f"--pool {name}: no such runner pool in {fleet}",
-                              hint=f"did you mean '{close[0]}'?" if close else f"pools: {', '.join(sorted(pools))}")
-    return {n: replace(p, is_local=n in names) for n, p in pools.items()}
 
 
 # -------------------------------------------------------------------------------------------- expand

@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -77,14 +78,8 @@ class WheelSource:
     pre: bool = False
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "index_url": self.index_url,
-            "extra_index_urls": list(self.extra_index_urls),
-            "find_links": list(self.find_links),
-            "inherit_pip_config": self.inherit_pip_config,
-            "pre": self.pre,
-        }
+        return {"name": self.name, "index_url": self.index_url, "extra_index_urls": list(self.extra_index_urls),
+                "find_links": list(self.find_links), "inherit_pip_config": self.inherit_pip_config, "pre": self.pre}
 
 
 @dataclass(frozen=True)
@@ -116,16 +111,9 @@ class Stack:
         return f"{self.cuda.tag}-torch{self.torch_public}-py{self.python}"
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "torch": str(self.torch),
-            "cuda": self.cuda.tag,
-            "python": self.python,
-            "channel": self.channel,
-            "base_image": self.base_image,
-            "cuda_compat": self.cuda_compat,
-            "source": self.source.to_json(),
-            "extra_requirements": list(self.extra_requirements),
-        }
+        return {"torch": str(self.torch), "cuda": self.cuda.tag, "python": self.python, "channel": self.channel,
+                "base_image": self.base_image, "cuda_compat": self.cuda_compat, "source": self.source.to_json(),
+                "extra_requirements": list(self.extra_requirements)}
 
     @property
     def content_hash(self) -> str:
@@ -162,10 +150,11 @@ class Cell:
         prefix = "prod-" if self.role is Role.PRODUCTION else ""
         return f"{prefix}{self.pool.name}-{self.pool.tag}-{self.stack.label}-{self.topology}"
 
-    def result_id(self, phase: str = "main", against: Cell | None = None) -> str:
-        """The id of this cell's result in a phase: `<id>` for the main run; a production cell's
-        rollback against one candidate is `<id>@rollback-<candidate stack label>`."""
-        if phase == "main":
+    def result_id(self, phase: Phase | None = None, against: Cell | None = None) -> str:
+        """The id of this cell's result in a phase: `<id>` for the main run, `<id>@repeat<r>` and
+        `<id>@aa<r>` for a repeat and an A/A run; a production cell's rollback against one candidate
+        is `<id>@rollback-<candidate stack label>`."""
+        if phase is None or phase.kind is PhaseKind.MAIN:
             return self.id
         return f"{self.id}@{phase}" + (f"-{against.stack.label}" if against is not None else "")
 
@@ -202,6 +191,46 @@ class Cell:
             "topology": str(self.topology),
             "stack": self.stack.to_json(),
         }
+
+
+class PhaseKind(str, enum.Enum):
+    MAIN = "main"  # the cell's suite, once
+    ROLLBACK = "rollback"  # production reading what one candidate wrote (`-m crossversion`)
+    REPEAT = "repeat"  # round r of the interleaved repeats (and confirmation) of the performance-gated tests
+    AA = "aa"  # round r of a calibration's A/A runs of the production stack
+
+
+@dataclass(frozen=True)
+class Phase:
+    """Which run of a cell a result is. Stored and shown as text ("main", "rollback", "repeat3",
+    "aa2": results.jsonl, STACKGATE_PHASE); only this class writes or reads that text."""
+
+    kind: PhaseKind = PhaseKind.MAIN
+    round: int = 0  # repeats and A/A runs: 0, 1, ...
+
+    def __str__(self) -> str:
+        return self.kind.value + (str(self.round) if self.kind in (PhaseKind.REPEAT, PhaseKind.AA) else "")
+
+    @classmethod
+    def parse(cls, text: str) -> Phase:
+        found = re.fullmatch(r"(main|rollback)|(repeat|aa)(\d+)", text)
+        if found is None:
+            raise ValueError(f"not a phase: {text!r} (main, rollback, repeat<N> or aa<N>)")
+        if found.group(1):
+            return cls(PhaseKind(found.group(1)))
+        return cls(PhaseKind(found.group(2)), int(found.group(3)))
+
+
+MAIN = Phase()
+ROLLBACK = Phase(PhaseKind.ROLLBACK)
+
+
+def repeat(r: int) -> Phase:
+    return Phase(PhaseKind.REPEAT, r)
+
+
+def aa(r: int) -> Phase:
+    return Phase(PhaseKind.AA, r)
 
 
 @dataclass(frozen=True)
@@ -248,6 +277,11 @@ class Status(str, enum.Enum):
         return self in (Status.INFRA_ERROR, Status.HOST_MISMATCH, Status.HOST_UNHEALTHY, Status.NO_BUILD)
     SKIPPED = "skipped"
     NOT_RUN_HERE = "not-run-here"
+
+    @property
+    def ran_suite(self) -> bool:
+        """The suite ran to its end (every test passed, or some failed): its tests and metrics are evidence."""
+        return self in (Status.PASSED, Status.FAILED)
 
 
 class Outcome(str, enum.Enum):
@@ -305,15 +339,8 @@ class Metric:
         return self.name + "[" + ",".join(f"{k}={v}" for k, v in self.tags) + "]"
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "unit": self.unit,
-            "samples": list(self.samples),
-            "test": self.test,
-            "better": self.better,
-            "tags": dict(self.tags),
-            "nodeid": self.nodeid,
-        }
+        return {"name": self.name, "unit": self.unit, "samples": list(self.samples), "test": self.test,
+                "better": self.better, "tags": dict(self.tags), "nodeid": self.nodeid}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Metric:
@@ -321,15 +348,9 @@ class Metric:
         if samples is None:
             samples = [data["value"]]
         tags = data.get("tags") or {}
-        return cls(
-            name=str(data["name"]),
-            unit=str(data.get("unit", "")),
-            samples=tuple(float(s) for s in samples),
-            test=str(data.get("test", "")),
-            better=str(data.get("better", "lower")),
-            tags=tuple(sorted((str(k), str(v)) for k, v in tags.items())),
-            nodeid=str(data.get("nodeid", "")),
-        )
+        return cls(name=str(data["name"]), unit=str(data.get("unit", "")), samples=tuple(float(s) for s in samples),
+                   test=str(data.get("test", "")), better=str(data.get("better", "lower")),
+                   tags=tuple(sorted((str(k), str(v)) for k, v in tags.items())), nodeid=str(data.get("nodeid", "")))
 
 
 @dataclass(frozen=True)
@@ -345,7 +366,7 @@ class CellResult:
     log_tail: str = ""
     duration_s: float = 0.0
     cell: dict[str, Any] = field(default_factory=dict)
-    phase: str = "main"  # main | rollback
+    phase: Phase = MAIN
     against: str = ""  # rollback: the candidate cell whose artifacts production read
 
     def test(self, name: str) -> TestOutcome | None:
@@ -367,7 +388,7 @@ class CellResult:
             "environment": self.environment,
             "warnings": list(self.warnings),
             "log_tail": self.log_tail,
-            "phase": self.phase,
+            "phase": str(self.phase),
             "against": self.against,
         }
 
@@ -385,7 +406,7 @@ class CellResult:
             log_tail=data.get("log_tail", ""),
             duration_s=float(data.get("duration_s", 0.0)),
             cell=data.get("cell", {}),
-            phase=str(data.get("phase") or (data.get("cell") or {}).get("phase") or "main"),
+            phase=Phase.parse(str(data.get("phase") or (data.get("cell") or {}).get("phase") or "main")),
             against=str(data.get("against", "")),
         )
 

@@ -58,7 +58,7 @@ class CappedLog:
 
     @property
     def problem(self) -> str:
-        """"" when every line was written, else why not (a line `resolve.is_disk_full` reads)."""
+        """"" when every line was written, else why not (a line `installer.is_disk_full` reads)."""
         if self.error is None:
             return ""
         return f"[stackgate] cannot write the log {self.path}: [Errno {self.error.errno}] {self.error.strerror}"

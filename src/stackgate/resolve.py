@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from stackgate import proc
 from stackgate.compat import CompatTable
 from stackgate.errors import ConfigError
+from stackgate.installer import is_network_failure
 from stackgate.model import Stack
 from stackgate.plan import requirements
 from stackgate.sources import PipConfig, installer_args
@@ -27,9 +28,6 @@ from stackgate.sources import PipConfig, installer_args
 if TYPE_CHECKING:
     from stackgate.suite_deps import SuiteDeps
 
-_NETWORK = re.compile(r"Failed to fetch|error sending request|tcp connect error|Connection refused|timed out|"
-                      r"Temporary failure in name resolution|NewConnectionError|ConnectTimeoutError|"
-                      r"Network is unreachable|Could not fetch URL", re.I)
 _UNSATISFIABLE = re.compile(r"No solution found|there is no version of|not found in the package registry|"
                             r"no matching distribution", re.I)
 _STACK_PIN = re.compile(r"^(torch|triton|pytorch-triton|nvidia-[a-z0-9-]+|cuda-[a-z0-9-]+)(==| @ )", re.I)
@@ -84,20 +82,6 @@ def identity_problem(stack: Stack, pins: Sequence[str], table: CompatTable) -> C
     return ConfigError(f"{requirement} for {stack.label} resolves to {what}, not {stack.cuda.tag}",
                        path=table.path, line=release.line if release else None,
                        hint="check the wheel source (--index-url / --find-links) and the table's row for this release")
-
-
-def is_network_failure(output: str) -> bool:
-    """An installer's output says it could not reach an index: the machinery failed, not the stack.
-    Both backends classify install failures with this."""
-    return bool(_NETWORK.search(output))
-
-
-_NO_SPACE = re.compile(r"No space left on device|\[Errno 28\]")
-
-
-def is_disk_full(output: str) -> bool:
-    """An installer's output says the disk filled up: the machinery failed, not the stack."""
-    return bool(_NO_SPACE.search(output))
 
 
 def _causes(output: str) -> str:

@@ -1,12 +1,15 @@
-"""A run directory belongs to one live run: `claim` takes its lock (a file lock the kernel drops
-when the owner dies, so a killed run never leaves a stale claim) before anything is written, and a
-second run of the same id exits 2 naming the owner."""
+"""Run ids and run directories. A run directory belongs to one live run: `claim` takes its lock (a
+file lock the kernel drops when the owner dies, so a killed run never leaves a stale claim) before
+anything is written, and a second run of the same id exits 2 naming the owner. Shared by run,
+calibrate and merge."""
 
 from __future__ import annotations
 
 import datetime as dt
 import fcntl
 import os
+import re
+import secrets
 import socket
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +17,12 @@ from pathlib import Path
 from stackgate.errors import ConfigError, InfraError
 
 OWNER = ".owner.lock"
+
+
+def new_run_id(matrix_name: str) -> str:
+    """`<UTC time>-<matrix name>-<4 hex>`: unique, and sorted by time."""
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    return f"{stamp}-{re.sub(r'[^a-z0-9]+', '-', matrix_name.lower())}-{secrets.token_hex(2)}"
 
 
 @dataclass

@@ -20,7 +20,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from stackgate import bundled, gate
+from stackgate.evidence import GateOutcome
 from stackgate.model import (
+    MAIN,
+    ROLLBACK,
     Cell,
     CellResult,
     GpuClass,
@@ -91,7 +94,7 @@ def recorded(device: str = "cpu") -> Recorded:
     """The clean pair on a `device` pool: the candidate's tests, production's metric values."""
     text = bundled.resource(*RECORDING).read_text()
     rows = [CellResult.from_json(json.loads(line)) for line in text.splitlines() if line.strip()]
-    main = [r for r in rows if r.cell.get("phase", "main") == "main"]
+    main = [r for r in rows if r.phase == MAIN]
     prod_r = next(r for r in main if r.role is Role.PRODUCTION)
     cand_r = next(r for r in main if r.role is Role.CANDIDATE)
     nproc = int(str(cand_r.cell["topology"]).split("x")[1])
@@ -105,8 +108,8 @@ def recorded(device: str = "cpu") -> Recorded:
     results = {prod.id: replace(prod_r, cell_id=prod.id, cell=prod.to_json()),
                cand.id: replace(cand_r, cell_id=cand.id, metrics=cand_metrics, cell=cand.to_json())}
     for r in rows:
-        if r.phase == "rollback":
-            rid = prod.result_id("rollback", cand)
+        if r.phase == ROLLBACK:
+            rid = prod.result_id(ROLLBACK, cand)
             results[rid] = replace(r, cell_id=rid, against=cand.id)
     return Recorded(prod, cand, results)
 
@@ -168,7 +171,7 @@ CASES = (
 )
 
 
-def run_case(case: Case, policy: Policy, today: dt.date) -> tuple[bool, gate.GateOutcome]:
+def run_case(case: Case, policy: Policy, today: dt.date) -> tuple[bool, GateOutcome]:
     rec = recorded(case.device)
     results = rec.with_candidate(case.inject(rec.candidate_result))
     outcome = gate.decide((rec.production, rec.candidate), (), results, policy, today)

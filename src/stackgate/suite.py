@@ -15,18 +15,18 @@ import json
 import re
 import shutil
 import xml.etree.ElementTree as ET
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from stackgate.bundled import BUNDLED_SUITE
-from stackgate.model import Cell, CellResult, Metric, Outcome, Status, TestOutcome
-from stackgate.resolve import is_disk_full  # the installers' rule serves the nodes' output too
+from stackgate.installer import is_disk_full  # the installers' rule serves the nodes' output too
+from stackgate.masking import Masker
+from stackgate.model import MAIN, ROLLBACK, Cell, CellResult, Metric, Outcome, Phase, Status, TestOutcome
 
-if TYPE_CHECKING:
-    from stackgate.backends.base import RunContext
-
+RDZV_PORT = 29400  # the c10d rendezvous port of node0 where a cell has a host of its own (containers, Slurm)
+ATTEMPT_PREFIX = "attempt-"  # cells/<result>/attempt-<tag>/: one attempt's JUnit and metric records
 _OOM = re.compile(r"(OutOfMemoryError|CUDA out of memory|std::bad_alloc|MemoryError)")
 
 
@@ -46,7 +46,7 @@ PLATFORM_CHECKS = ("test_identity.py", "test_collectives.py", "test_transport.py
 
 
 def suite_env(cell: Cell, *, results: Path, artifacts: Path, shared: Path, profile: str, run_id: str,
-              node_rank: int = 0, endpoint: str = "", phase: str = "main",
+              node_rank: int = 0, endpoint: str = "", phase: Phase = MAIN,
               extra: tuple[tuple[str, str], ...] = ()) -> dict[str, str]:
     """STACKGATE_* variables: what the cell asked for, where to write, and the topology."""
     return dict(extra) | {
@@ -55,7 +55,7 @@ def suite_env(cell: Cell, *, results: Path, artifacts: Path, shared: Path, profi
         "STACKGATE_EXPECT_TRANSPORT": cell.pool.transport.value,
         "STACKGATE_DEVICE": cell.device,
         "STACKGATE_ROLE": cell.role.value,
-        "STACKGATE_PHASE": phase,
+        "STACKGATE_PHASE": str(phase),
         "STACKGATE_PROFILE": profile,
         "STACKGATE_CELL": cell.id,
         "STACKGATE_RUN_ID": run_id,
@@ -107,19 +107,19 @@ def isolation(suite: Path, seen_as: Path) -> tuple[str, ...]:
     return ("-c", "/dev/null", "--confcutdir", str(seen_as))
 
 
-def invocations(spec: SuiteSpec, phase: str, *, path: Path | None = None,
+def invocations(spec: SuiteSpec, phase: Phase, *, path: Path | None = None,
                 bundled: Path = BUNDLED_SUITE, select: tuple[str, ...] = ()) -> list[Invocation]:
     """The pytest runs of one cell. `select`: node ids (relative to the suite) to run alone, for the
     repeats of the performance-gated tests."""
     path = path or spec.path
     common = ("-v", "-p", "no:cacheprovider", "-o", "junit_family=xunit1")
     own = isolation(spec.path, path)
-    only = ("-m", "crossversion") if phase == "rollback" else ()
+    only = ("-m", "crossversion") if phase == ROLLBACK else ()
     if select:
         targets = tuple(f"{path}/{nodeid}" for nodeid in select)
         return [Invocation("suite", (*targets, "--rootdir", str(path), *own, *common, *only, *spec.pytest_args), path)]
     out = []
-    if spec.platform_checks and path != bundled and phase == "main":
+    if spec.platform_checks and path != bundled and phase == MAIN:
         checks = tuple(str(bundled / name) for name in PLATFORM_CHECKS)
         out.append(Invocation("platform", (*checks, "--rootdir", str(bundled), *common), bundled))
     out.append(Invocation("suite", (str(path), "--rootdir", str(path), *own, *common, *only, *spec.pytest_args),
@@ -129,6 +129,54 @@ def invocations(spec: SuiteSpec, phase: str, *, path: Path | None = None,
 
 def pytest_argv(python: str, invocation: Invocation, junit: Path) -> list[str]:
     return [python, "-m", "pytest", *invocation.args, f"--junitxml={junit}"]
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """Where a cell writes, how the run is configured, and which phase this is: `main`, or `rollback`
+    against one candidate (production reading what that candidate wrote)."""
+
+    run_id: str
+    run_dir: Path
+    suite: SuiteSpec
+    on_line: Callable[[str], None] | None = None
+    phase: Phase = MAIN
+    against: Cell | None = None
+    artifacts: Path | None = None  # STACKGATE_ARTIFACTS for this run of the cell (set by the pipeline)
+    select: tuple[str, ...] = ()  # repeats: only these test node ids
+    suite_deps: Mapping[str, Any] = field(default_factory=dict)  # what the suite installs (for the report)
+    refused_links: tuple[str, ...] = ()  # links out of the run directory not copied into this run's artifacts
+    mask: Masker = field(default_factory=Masker)  # secrets never reach what stackgate writes
+
+    def result_id(self, cell: Cell) -> str:
+        return cell.result_id(self.phase, self.against)
+
+    def cell_dir(self, cell: Cell) -> Path:
+        path = self.run_dir / "cells" / self.result_id(cell)
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def fresh_cell_dir(self, cell: Cell) -> tuple[Path, Path]:
+        """The cell's directory without outputs of an earlier attempt, and its shared scratch directory."""
+        workdir = self.cell_dir(cell)
+        for old in workdir.glob("node*.log"):
+            old.unlink()
+        for attempt in workdir.glob(f"{ATTEMPT_PREFIX}*"):  # a killed attempt's evidence is never read again
+            shutil.rmtree(attempt, ignore_errors=True)
+        shared = workdir / "shared"
+        shared.mkdir(exist_ok=True)
+        return workdir, shared
+
+    def artifacts_dir(self, cell: Cell) -> Path:
+        """Where the suite reads and writes cross-version artifacts: the pipeline's choice (one
+        directory per candidate stack), else one per pool and topology."""
+        if self.artifacts is not None:
+            self.artifacts.mkdir(parents=True, exist_ok=True)
+            return self.artifacts
+        pool, topo = cell.comparison_key
+        path = self.run_dir / "artifacts" / f"{pool}-{topo}"
+        path.mkdir(parents=True, exist_ok=True)
+        return path
 
 
 @dataclass(frozen=True)
@@ -322,9 +370,9 @@ def _disk_is_full(workdir: Path, procs: Sequence[NodeExit]) -> bool:
 NO_ROLLBACK_TESTS = "the suite has no cross-version tests (-m crossversion): nothing to roll back"
 
 
-def classify(procs: Sequence[NodeExit], tests: tuple[TestOutcome, ...], phase: str = "main") -> tuple[Status, str]:
+def classify(procs: Sequence[NodeExit], tests: tuple[TestOutcome, ...], phase: Phase = MAIN) -> tuple[Status, str]:
     """Status of a suite run from its nodes' exits and the JUnit outcomes."""
-    if phase == "rollback" and procs and {p.returncode for p in procs} == {5} and not any(p.timed_out for p in procs):
+    if phase == ROLLBACK and procs and {p.returncode for p in procs} == {5} and not any(p.timed_out for p in procs):
         return Status.SKIPPED, NO_ROLLBACK_TESTS  # pytest's "no tests collected" under -m crossversion
     if any(p.timed_out for p in procs):
         return Status.TIMEOUT, "the suite exceeded the cell timeout"
@@ -355,7 +403,7 @@ def classify(procs: Sequence[NodeExit], tests: tuple[TestOutcome, ...], phase: s
 
 def build_result(cell: Cell, procs: Sequence[NodeExit], workdir: Path, duration_s: float,
                  ctx: RunContext | None = None, extra_env: Mapping[str, Any] | None = None) -> CellResult:
-    phase = ctx.phase if ctx is not None else "main"
+    phase = ctx.phase if ctx is not None else MAIN
     tests = parse_junit(sorted(workdir.glob("junit-node*.xml")))
     records = parse_records(sorted(workdir.glob("results-node*.jsonl")))
     status, reason = classify(procs, tests, phase)
@@ -368,7 +416,7 @@ def build_result(cell: Cell, procs: Sequence[NodeExit], workdir: Path, duration_
         environment["leftover_processes"] = leftovers
     if records.problems:
         environment["record_problems"] = records.problems
-        if status in (Status.PASSED, Status.FAILED):  # evidence that cannot be read is not evidence
+        if status.ran_suite:  # evidence that cannot be read is not evidence
             status = Status.ERROR
             reason = (f"{len(records.problems)} metric/environment record(s) could not be read; first: "
                       f"{records.problems[0]}" + (f"; and: {reason}" if reason else ""))
@@ -386,7 +434,7 @@ def build_result(cell: Cell, procs: Sequence[NodeExit], workdir: Path, duration_
         warnings=tuple(records.warnings),
         log_tail=tail[-20000:],
         duration_s=duration_s,
-        cell={**cell.to_json(), "phase": phase},
+        cell={**cell.to_json(), "phase": str(phase)},
         phase=phase,
         against=ctx.against.id if ctx is not None and ctx.against is not None else "",
     )

@@ -39,8 +39,8 @@ from packaging.utils import canonicalize_name, parse_wheel_filename
 
 from stackgate import proc, tomlfile
 from stackgate.errors import ConfigError, InfraError
+from stackgate.installer import is_network_failure
 from stackgate.plan import SUITE_REQUIREMENTS as BASE
-from stackgate.resolve import is_network_failure
 from stackgate.sources import pip_command
 
 _EXTRAS = re.compile(r"^(?P<path>.*?)(?:\[(?P<extras>[A-Za-z0-9_.,\s-]*)\])?$")

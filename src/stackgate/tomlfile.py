@@ -135,3 +135,13 @@ def str_list(doc: Doc, table: Mapping[str, Any], key: str, *where: str, default:
         if not isinstance(item, str):
             raise doc.error(f"'{key}' must be a list of strings, found {item!r}", *where, key)
     return tuple(value)
+
+
+def parsed(doc: Doc, parser: Any, value: Any, *keys: str) -> Any:
+    """`parser(value)`, its error said at the TOML line of `keys`."""
+    try:
+        return parser(value)
+    except ConfigError as exc:
+        raise doc.error(str(exc), *keys, hint=exc.hint) from None
+    except ValueError as exc:
+        raise doc.error(str(exc), *keys) from None

@@ -13,9 +13,11 @@ import time
 from pathlib import Path
 
 from stackgate import suite
-from stackgate.backends.base import EnvHandle, RunContext, run_cell
+from stackgate.backends.base import EnvHandle
 from stackgate.backends.docker import DockerBackend
 from stackgate.model import Cell, GpuClass, Role, RunnerPool, Status, Topology
+from stackgate.runner import run_cell
+from stackgate.suite import RunContext
 
 RANK = r"python[0-9.]* -u .*_worker\.py"
 

@@ -18,14 +18,14 @@ from pathlib import Path
 
 import pytest
 
-from stackgate import bundled, matrix, suite
+from stackgate import bundled, fleet, suite
 
 pytestmark = pytest.mark.gpu
 
 
 @pytest.fixture(scope="module")
-def host() -> matrix.LocalHost:
-    found = matrix.detect_local()
+def host() -> fleet.LocalHost:
+    found = fleet.detect_local()
     if found.driver is None:
         pytest.skip("no NVIDIA GPU on this machine (nvidia-smi absent or failing)")
     return found
@@ -41,7 +41,7 @@ def _keep(paths: list[Path], name: str, text: str = "") -> None:
         (out_dir / f"{name}.log").write_text(text)
 
 
-def test_bundled_suite_on_host_torch_with_nccl(host: matrix.LocalHost, tmp_path: Path) -> None:
+def test_bundled_suite_on_host_torch_with_nccl(host: fleet.LocalHost, tmp_path: Path) -> None:
     torch_cuda = subprocess.run([sys.executable, "-c", "import torch;print(torch.version.cuda or 'cpu')"],
                                 capture_output=True, text=True, check=True).stdout.strip()
     variant = "cpu" if torch_cuda == "cpu" else "cu" + torch_cuda.replace(".", "")[:3]
@@ -61,7 +61,7 @@ def test_bundled_suite_on_host_torch_with_nccl(host: matrix.LocalHost, tmp_path:
     assert sizes and all(int(n.rsplit("[", 1)[1].rstrip("]")) <= host.gpu_count for n in sizes)
 
 
-def test_stackgate_run_reaches_go_on_this_gpu_runner(host: matrix.LocalHost, tmp_path: Path) -> None:
+def test_stackgate_run_reaches_go_on_this_gpu_runner(host: fleet.LocalHost, tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "stackgate", "run", "--backend", "venv", "--only", "local-*",
                            "--run-id", "gpu"], cwd=tmp_path, capture_output=True, text=True, timeout=3600,
                           check=False)

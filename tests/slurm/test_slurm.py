@@ -13,11 +13,13 @@ from pathlib import Path
 import pytest
 
 from stackgate import suite
-from stackgate.backends.base import EnvHandle, RunContext, run_cell
+from stackgate.backends.base import EnvHandle
 from stackgate.backends.slurm import SlurmBackend
 from stackgate.backends.venv import VenvBackend
 from stackgate.errors import InfraError
 from stackgate.model import Cell, GpuClass, Role, RunnerPool, SlurmSpec, Status, Topology
+from stackgate.runner import run_cell
+from stackgate.suite import RunContext
 
 ROOT = Path(__file__).resolve().parents[2]
 

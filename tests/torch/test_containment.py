@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 
 from stackgate import proc
-from stackgate.backends.base import EnvHandle, RunContext, run_cell
+from stackgate.backends.base import EnvHandle
 from stackgate.backends.venv import VenvBackend
-from stackgate.suite import SuiteSpec
+from stackgate.runner import run_cell
+from stackgate.suite import RunContext, SuiteSpec
 from tests.unit.test_user_paths import _user_cells
 
 pytestmark = pytest.mark.torch

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from stackgate import matrix
+from stackgate import fleet
 
 
 def test_a_runner_that_does_not_match_its_pool_runs_nothing(tmp_path: Path) -> None:
-    if matrix.detect_local().driver is not None:
+    if fleet.detect_local().driver is not None:
         pytest.skip("this machine has an NVIDIA driver")
     proc = subprocess.run([sys.executable, "-m", "stackgate", "run", "--pool", "p5-h100", "--run-id", "probe"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=600, check=False)

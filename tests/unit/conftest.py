@@ -1,4 +1,5 @@
-"""The unit tier's seam: the whole pipeline on the in-memory backend (nothing resolves, builds or starts)."""
+"""The unit tier's seam: every command takes the `Machinery` it starts; here, the in-memory backend (nothing
+resolves, builds or starts), passed as a parameter, with no module global patched."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ from typing import Any
 
 import pytest
 
-from stackgate import matrix, pipeline, resolve
+from stackgate import fleet
+from stackgate.backends.choose import Machinery
 from stackgate.backends.memory import MemoryBackend
+from stackgate.commands.run import run as run_command
 from stackgate.options import Options
 from stackgate.options import resolve as resolve_options
 
@@ -18,14 +21,16 @@ ROOT = Path(__file__).resolve().parents[2]
 RunMemory = Callable[..., tuple[int, dict[str, Any], list[str]]]
 
 
+def on_memory(backend: MemoryBackend) -> Machinery:
+    """What a command starts in the unit tier: the in-memory backend, no resolver, a plain CPU host."""
+    return Machinery(backend=lambda *a, **k: backend, resolve=lambda *a, **k: {}, local=fleet.LocalHost)
+
+
 @pytest.fixture
-def no_subprocesses(monkeypatch: pytest.MonkeyPatch) -> MemoryBackend:
-    """The pipeline with the in-memory backend: nothing resolves, builds or starts."""
-    backend = MemoryBackend()
-    monkeypatch.setattr(pipeline, "make_backend", lambda *a, **k: backend)
-    monkeypatch.setattr(resolve, "resolve_all", lambda *a, **k: {})
-    monkeypatch.setattr(matrix, "detect_local", lambda *a, **k: matrix.LocalHost())
-    return backend
+def no_subprocesses() -> MemoryBackend:
+    """The in-memory backend a test scripts; pass `on_memory(it)` to a command: nothing resolves,
+    builds or starts."""
+    return MemoryBackend()
 
 
 def memory_options(tmp_path: Path, **options: Any) -> Options:
@@ -41,6 +46,6 @@ def run_memory(no_subprocesses: MemoryBackend, tmp_path: Path) -> RunMemory:
     report.json, what it printed)."""
     def run(**options: Any) -> tuple[int, dict[str, Any], list[str]]:
         said: list[str] = []
-        code = pipeline.run(memory_options(tmp_path, **options), {}, said.append)
+        code = run_command(memory_options(tmp_path, **options), {}, said.append, machinery=on_memory(no_subprocesses))
         return code, json.loads((tmp_path / "r" / "mem" / "report.json").read_text()), said
     return run

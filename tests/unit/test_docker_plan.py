@@ -9,11 +9,12 @@ from pathlib import Path
 import pytest
 
 from stackgate import compat, suite
-from stackgate.backends.base import RunContext, run_cell
 from stackgate.backends.docker import DockerBackend, images
 from stackgate.backends.docker.engine import ContainerExit, ContainerSpec, container_kwargs
 from stackgate.model import Cell, GpuClass, Role, RunnerPool, Stack, Status, Topology, WheelSource
+from stackgate.runner import run_cell
 from stackgate.sources import PipConfig
+from stackgate.suite import RunContext
 from stackgate.versions import CudaVariant, parse_torch
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -160,8 +161,9 @@ def test_download_platforms_cover_every_manylinux_tag_the_base_loads() -> None:
 
 def test_engine_lost_mid_run_is_an_infra_error_and_the_run_goes_on(backend: tuple[DockerBackend, FakeEngine],
                                                                   tmp_path: Path) -> None:
-    from stackgate import pipeline
+    from stackgate.console import Console
     from stackgate.errors import InfraError
+    from stackgate.runner import Attempt, Runner
     be, engine = backend
     handle = be.prepare(STACK, tmp_path / "b.log")
 
@@ -172,7 +174,7 @@ def test_engine_lost_mid_run_is_an_infra_error_and_the_run_goes_on(backend: tupl
     pool = RunnerPool("local", None, GpuClass.NONE, nodes=1, is_local=True)
     cell = Cell(STACK, pool, Topology(1, 2), Role.CANDIDATE)
     ctx = RunContext("r3", tmp_path / "run", suite.SuiteSpec())
-    result = pipeline._run_one(be, cell, handle, ctx, pipeline.Progress(lambda _: None), lambda _: None)
+    result = Runner(be, ctx, Console(lambda _: None), [cell]).attempt(Attempt(cell), handle)
     assert result.status is Status.INFRA_ERROR and "lost the Docker engine" in result.reason
 
 

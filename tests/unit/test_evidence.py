@@ -204,7 +204,7 @@ def test_a_node_log_on_a_full_disk_never_raises_and_the_tail_says_the_disk_is_fu
     import sys
 
     from stackgate import proc
-    from stackgate.resolve import is_disk_full
+    from stackgate.installer import is_disk_full
     result = proc.run([sys.executable, "-c", "print('x' * 100000)"], log_path=Path("/dev/full"))
     assert result.returncode == 0
     assert "cannot write the log /dev/full: [Errno 28] No space left on device" in result.tail

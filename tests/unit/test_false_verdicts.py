@@ -8,13 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from stackgate import pipeline
+from stackgate import runner
 from stackgate.backends.base import Execution
 from stackgate.backends.memory import MemoryBackend, answer
+from stackgate.commands.merge import merge as merge_command
+from stackgate.commands.run import run as run_command
 from stackgate.errors import ConfigError
 from stackgate.suite import NodeCommand, NodeExit
 
-from .conftest import RunMemory, memory_options
+from .conftest import RunMemory, memory_options, on_memory
 
 
 def _failing(in_production: bool, in_candidate: bool):  # type: ignore[no-untyped-def]
@@ -60,12 +62,12 @@ def test_preexisting_failures_inconclusive_by_policy(no_subprocesses: MemoryBack
 def test_merge_of_bundles_run_with_suite_names_the_option_to_repeat(no_subprocesses: MemoryBackend,
                                                                      tmp_path: Path) -> None:
     """#18 item 13: the bundles agree with each other; the merge was not given --suite."""
-    assert pipeline.run(memory_options(tmp_path), {}, lambda _: None) in (0, 1)
+    assert run_command(memory_options(tmp_path), {}, lambda _: None, machinery=on_memory(no_subprocesses)) in (0, 1)
     bundle = tmp_path / "r" / "mem"
     assert json.loads((bundle / "run.json").read_text())["options"]["suite"].endswith("plain_suite")
     merge = memory_options(tmp_path, run_id="merged", suite=None)
     with pytest.raises(ConfigError) as info:
-        pipeline.merge(merge, {}, [bundle], lambda _: None)
+        merge_command(merge, {}, [bundle], lambda _: None)
     assert "belongs to another run definition" in str(info.value)
     assert info.value.hint is not None and "the bundles agree with each other" in info.value.hint
     assert "--suite " in info.value.hint and "plain_suite" in info.value.hint
@@ -88,7 +90,7 @@ def test_a_run_directory_belongs_to_one_live_run(no_subprocesses: MemoryBackend,
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
         with pytest.raises(ConfigError) as info:
-            pipeline.run(memory_options(tmp_path), {}, lambda _: None)
+            run_command(memory_options(tmp_path), {}, lambda _: None, machinery=on_memory(no_subprocesses))
         assert f"run directory {run_dir} belongs to a live run: pid {holder.pid} on the other run" in str(info.value)
         assert not (run_dir / "results.jsonl").exists() and not (run_dir / "run.json").exists()  # nothing written
     finally:
@@ -97,7 +99,7 @@ def test_a_run_directory_belongs_to_one_live_run(no_subprocesses: MemoryBackend,
         if holder.stdout is not None:
             holder.stdout.close()
     time.sleep(0.1)
-    assert pipeline.run(memory_options(tmp_path), {}, lambda _: None) in (0, 1)  # a dead owner's claim is gone
+    assert run_command(memory_options(tmp_path), {}, lambda _: None, machinery=on_memory(no_subprocesses)) in (0, 1)  # a dead owner's claim is gone
     assert "pid" in (run_dir / rundir.OWNER).read_text()
 
 
@@ -111,7 +113,7 @@ def test_links_out_of_the_run_directory_are_never_followed_when_artifacts_are_co
     (written / "etc").symlink_to("/etc", target_is_directory=True)
     (written / "same").symlink_to("ckpt/model.pt")  # inside the run directory: kept, as a link
     target = run / "artifacts" / "local-1x2" / "cand" / "production"
-    refused = pipeline.copy_artifacts(written, target, run)
+    refused = runner.copy_artifacts(written, target, run)
     assert sorted(refused) == ["etc -> /etc", "passwd -> /etc/passwd"]
     assert not (target / "passwd").exists() and not (target / "passwd").is_symlink() and not (target / "etc").exists()
     assert (target / "ckpt" / "model.pt").read_bytes() == b"weights" and (target / "same").is_symlink()
@@ -159,8 +161,9 @@ def test_a_process_the_suite_left_running_is_a_note_in_the_report_not_a_verdict(
 def test_an_earlier_attempts_writer_never_reaches_the_next_attempts_evidence(tmp_path: Path) -> None:
     """#19 item 5: each attempt writes its JUnit and records in a directory of its own; a process of a
     killed attempt that still writes (to the path its environment names) is not merged into the rerun."""
-    from stackgate.backends.base import EnvHandle, RunContext, run_cell
-    from stackgate.suite import SuiteSpec
+    from stackgate.backends.base import EnvHandle
+    from stackgate.runner import run_cell
+    from stackgate.suite import RunContext, SuiteSpec
     from tests.unit.test_user_paths import _user_cells
     cell, _ = _user_cells()
     earlier: list[Path] = []

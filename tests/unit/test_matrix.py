@@ -6,22 +6,22 @@ from pathlib import Path
 
 import pytest
 
-from stackgate import compat, matrix
+from stackgate import compat, fleet, matrix
 from stackgate.cli import render_matrix_json
 from stackgate.errors import ConfigError
 from stackgate.versions import parse_driver, parse_torch
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = ROOT / "tests" / "golden"
-CPU = matrix.LocalHost()
-GPU = matrix.LocalHost(driver=parse_driver("580.65.06"), gpu="NVIDIA H200", gpu_count=1)
+CPU = fleet.LocalHost()
+GPU = fleet.LocalHost(driver=parse_driver("580.65.06"), gpu="NVIDIA H200", gpu_count=1)
 
 
-def _expand(name: str, local: matrix.LocalHost, candidate: str = "2.14.1") -> matrix.Expansion:
+def _expand(name: str, local: fleet.LocalHost, candidate: str = "2.14.1") -> matrix.Expansion:
     table = compat.load_compat(ROOT / "matrix" / "compat.toml")
     spec = matrix.load_matrix(ROOT / "matrix" / name)
     prod = matrix.load_production(ROOT / "matrix" / "production.toml")
-    pools = matrix.load_pools(ROOT / "matrix" / "fleet.toml", local)
+    pools = fleet.load_pools(ROOT / "matrix" / "fleet.toml", local)
     return matrix.expand(spec, pools, prod, table, torch_versions=[parse_torch(candidate)])
 
 
@@ -29,7 +29,7 @@ def _expand(name: str, local: matrix.LocalHost, candidate: str = "2.14.1") -> ma
     ("upgrade.toml", CPU, "upgrade-cpu-host.json"),
     ("upgrade.toml", GPU, "upgrade-h200-host.json"),
 ])
-def test_expansion_matches_golden_file(name: str, local: matrix.LocalHost, golden: str) -> None:
+def test_expansion_matches_golden_file(name: str, local: fleet.LocalHost, golden: str) -> None:
     """Regenerate with STACKGATE_UPDATE_GOLDEN=1 after an intended change, and review the diff."""
     got = render_matrix_json(_expand(name, local))
     path = GOLDEN / golden
@@ -72,25 +72,25 @@ def test_unknown_pool_is_a_config_error(tmp_path: Path) -> None:
     bad.write_text("[matrix]\npools = ['local', 'p9-b300']\ntorch=['2.14.1']\ncuda=['cu130']\npython=['3.11']\n")
     table = compat.load_compat(ROOT / "matrix" / "compat.toml")
     with pytest.raises(ConfigError, match="unknown runner pool 'p9-b300'") as info:
-        matrix.expand(matrix.load_matrix(bad), matrix.load_pools(ROOT / "matrix" / "fleet.toml", CPU),
+        matrix.expand(matrix.load_matrix(bad), fleet.load_pools(ROOT / "matrix" / "fleet.toml", CPU),
                       matrix.load_production(ROOT / "matrix" / "production.toml"), table,
                       torch_versions=[parse_torch("2.14.1")])
     assert info.value.line == 2
 
 
 def test_nvidia_smi_parsing() -> None:
-    host = matrix.parse_nvidia_smi("580.65.06, NVIDIA H200\n580.65.06, NVIDIA H200\n")
+    host = fleet.parse_nvidia_smi("580.65.06, NVIDIA H200\n580.65.06, NVIDIA H200\n")
     assert host.gpu_count == 2 and str(host.driver) == "580.65.06"
     assert host.gpu_class.value == "datacenter"
-    assert matrix.parse_nvidia_smi("575.51.03, NVIDIA GeForce RTX 4090\n").gpu_class.value == "consumer"
-    assert matrix.parse_nvidia_smi("").driver is None
-    assert matrix.parse_nvidia_smi("ERR!, NVIDIA H100\n").driver is None
+    assert fleet.parse_nvidia_smi("575.51.03, NVIDIA GeForce RTX 4090\n").gpu_class.value == "consumer"
+    assert fleet.parse_nvidia_smi("").driver is None
+    assert fleet.parse_nvidia_smi("ERR!, NVIDIA H100\n").driver is None
 
 
-def _expand_file(path: Path, local: matrix.LocalHost = CPU) -> matrix.Expansion:
+def _expand_file(path: Path, local: fleet.LocalHost = CPU) -> matrix.Expansion:
     table = compat.load_compat(ROOT / "matrix" / "compat.toml")
     prod = matrix.load_production(ROOT / "matrix" / "production.toml")
-    pools = matrix.load_pools(ROOT / "matrix" / "fleet.toml", local)
+    pools = fleet.load_pools(ROOT / "matrix" / "fleet.toml", local)
     return matrix.expand(matrix.load_matrix(path), pools, prod, table, torch_versions=[parse_torch("2.14.1")])
 
 

@@ -11,15 +11,16 @@ from typing import Any
 
 import pytest
 
-from stackgate import calibrate, pipeline, stats
+from stackgate import calibrate, stats
 from stackgate.backends.base import Execution
 from stackgate.backends.memory import MemoryBackend, Script, answer
-from stackgate.model import Cell, GpuClass, Role, RunnerPool, Stack, Topology
-from stackgate.pipeline import WHOLE_SUITE, merge_tests, repeat_order
+from stackgate.commands.calibrate import calibrate as calibrate_command
+from stackgate.model import Cell, GpuClass, Phase, Role, RunnerPool, Stack, Topology
+from stackgate.repeats import WHOLE_SUITE, merge_tests, repeat_order
 from stackgate.suite import NodeCommand, NodeExit
 from stackgate.versions import CudaVariant, parse_torch
 
-from .conftest import RunMemory, memory_options
+from .conftest import RunMemory, memory_options, on_memory
 
 
 def test_repeats_interleave_production_and_its_candidates() -> None:
@@ -205,7 +206,7 @@ def test_a_settled_first_run_runs_nothing_more(no_subprocesses: MemoryBackend, r
 def test_calibration_lists_the_gated_metrics_only(no_subprocesses: MemoryBackend, gated_policy: Path,
                                                    tmp_path: Path) -> None:
     def script(command: NodeCommand, exe: Execution) -> NodeExit:
-        run = int(command.env["STACKGATE_PHASE"].removeprefix("aa"))
+        run = Phase.parse(command.env["STACKGATE_PHASE"]).round
         return answer(command, {GATED: "passed"}, metrics=[
             {"name": "work.step_time", "unit": "ms", "samples": [10.0 + run % 2], "better": "lower", "nodeid": GATED},
             {"name": "work.loss", "unit": "", "samples": [0.5, 0.4], "better": "equal", "nodeid": GATED}])
@@ -213,7 +214,8 @@ def test_calibration_lists_the_gated_metrics_only(no_subprocesses: MemoryBackend
     no_subprocesses.script = script
     said: list[str] = []
     opts = memory_options(tmp_path, run_id="cal", policy=str(gated_policy))
-    assert pipeline.calibrate(opts, {}, runs=4, target=0.05, allow=0.01, say=said.append) == 0
+    assert calibrate_command(opts, {}, runs=4, target=0.05, allow=0.01, say=said.append,
+                             machinery=on_memory(no_subprocesses)) == 0
     data = json.loads((tmp_path / "r" / "cal" / "calibration.json").read_text())
     assert [m["metric"] for m in data["pools"]["local"]] == ["work.step_time"]
     assert data["pools"]["local"][0]["pairs"] == 2 and data["pools"]["local"][0]["sigma"] == 0.0
@@ -225,7 +227,7 @@ def test_calibration_says_when_each_runs_best_sample_is_the_quieter_summary(
     """Every other A/A run is disturbed (its steps slower, its fastest step not): medians swing, best
     samples do not, and calibrate suggests `summary = "best"` with the repeats it would need."""
     def script(command: NodeCommand, exe: Execution) -> NodeExit:
-        run = int(command.env["STACKGATE_PHASE"].removeprefix("aa"))
+        run = Phase.parse(command.env["STACKGATE_PHASE"]).round
         steps = [10.0, 10.1, 10.2] + ([14.0, 15.0, 16.0] if run % 4 in (1, 2) else [10.3, 10.4, 10.5])
         return answer(command, {GATED: "passed"}, metrics=[
             {"name": "work.step_time", "unit": "ms", "samples": [s + 0.01 * run for s in steps], "better": "lower",
@@ -234,7 +236,8 @@ def test_calibration_says_when_each_runs_best_sample_is_the_quieter_summary(
     no_subprocesses.script = script
     said: list[str] = []
     opts = memory_options(tmp_path, run_id="cal", policy=str(gated_policy))
-    assert pipeline.calibrate(opts, {}, runs=8, target=0.05, allow=0.01, say=said.append) == 0
+    assert calibrate_command(opts, {}, runs=8, target=0.05, allow=0.01, say=said.append,
+                             machinery=on_memory(no_subprocesses)) == 0
     (found,) = json.loads((tmp_path / "r" / "cal" / "calibration.json").read_text())["pools"]["local"]
     assert found["sigma"] > 0.1  # the rule's summary, the median: +-18% per pair
     hint = next(line for line in said if "each run's best sample moved" in line)

@@ -6,8 +6,8 @@ import xml.etree.ElementTree as ET
 from dataclasses import replace
 from pathlib import Path
 
-from stackgate import gate, history, pipeline, selftest
-from stackgate.model import NotHere, TestOutcome
+from stackgate import conclude, gate, history, selftest
+from stackgate.model import ROLLBACK, NotHere, TestOutcome
 from stackgate.policy import load_policy
 from stackgate.report import html_report, markdown
 from stackgate.report.data import RunReport, stack_diffs
@@ -25,7 +25,7 @@ def _report(fail: bool = False) -> RunReport:
                    warnings=(f"FutureWarning: {EVIL}",))
     if fail:
         cres = replace(cres, tests=(*cres.tests, TestOutcome(f"test_evil.py::test_{EVIL}", "failed", 1.0, EVIL)))
-    results = {prod.id: pres, cand.id: cres, **{k: v for k, v in rec.results.items() if v.phase == "rollback"}}
+    results = {prod.id: pres, cand.id: cres, **{k: v for k, v in rec.results.items() if v.phase == ROLLBACK}}
     away = (NotHere(replace(cand, required=False), "pool p4d is not this machine"),)
     outcome = gate.decide((prod, cand), away, results, load_policy(ROOT / "matrix" / "policy.toml"),
                           dt.date(2026, 11, 29))
@@ -35,7 +35,7 @@ def _report(fail: bool = False) -> RunReport:
 
 def test_all_four_reports_are_written_and_json_follows_its_schema(tmp_path: Path) -> None:
     report = _report()
-    pipeline.write_reports(report, tmp_path, 0, str(tmp_path / "summary.md"))
+    conclude.write_reports(report, tmp_path, 0, str(tmp_path / "summary.md"))
     data = json.loads((tmp_path / "report.json").read_text())
     assert data["schema_version"] == 1 and data["verdict"] == "GO" and data["decision"] == "GO"
     assert {c["role"] for c in data["cells"]} == {"production", "candidate"}
@@ -48,7 +48,7 @@ def test_all_four_reports_are_written_and_json_follows_its_schema(tmp_path: Path
 
 def test_junit_is_valid_and_counts_cells_tests_and_not_run(tmp_path: Path) -> None:
     report = _report(fail=True)
-    pipeline.write_reports(report, tmp_path, 1, None)
+    conclude.write_reports(report, tmp_path, 1, None)
     root = ET.parse(tmp_path / "junit.xml").getroot()
     assert root.tag == "testsuites"
     cases = list(root.iter("testcase"))
@@ -69,7 +69,7 @@ def test_markdown_and_html_escape_everything_quoted(tmp_path: Path) -> None:
     assert "\\| \\*\\*bold\\*\\*" in md  # table cells cannot be broken by quoted text
     page = html_report.render(report)
     assert "<script>" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
-    pipeline.write_reports(report, tmp_path, 1, None)
+    conclude.write_reports(report, tmp_path, 1, None)
     for name in ("report.md", "report.html", "junit.xml"):
         written = (tmp_path / name).read_text()
         assert "\x00" not in written and "\x1b" not in written, name  # control characters never reach a page

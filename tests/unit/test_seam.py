@@ -5,14 +5,16 @@ backend drives the whole pipeline (plan, run, collect, decide, report) without a
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 from stackgate import bundled, suite
 from stackgate.backends import memory
-from stackgate.backends.base import Execution, RunContext, run_cell
+from stackgate.backends.base import Execution
 from stackgate.backends.memory import MemoryBackend, answer
-from stackgate.model import Cell, GpuClass, Role, RunnerPool, Stack, Status, Topology
-from stackgate.suite import NodeCommand, NodeExit
+from stackgate.model import MAIN, ROLLBACK, Cell, GpuClass, Role, RunnerPool, Stack, Status, Topology
+from stackgate.runner import run_cell
+from stackgate.suite import NodeCommand, NodeExit, RunContext
 from stackgate.versions import CudaVariant, parse_torch
 
 from .conftest import RunMemory
@@ -52,7 +54,7 @@ def test_one_node_plan_for_every_backend() -> None:
     executes it on every backend and `--dry-run` prints it: no backend plans pytest runs of its own."""
     callers = {str(p.relative_to(SRC)) for p in SRC.rglob("*.py")
                if not p.is_relative_to(SRC / "resources") and "node_commands(" in p.read_text()}
-    assert callers == {"suite.py", "backends/base.py", "pipeline.py"}
+    assert callers == {"suite.py", "runner.py", "commands/dry_run.py"}
     for name in ("backends/venv.py", "backends/docker/backend.py", "backends/memory.py", "backends/slurm.py"):
         text = (SRC / name).read_text()
         assert "suite_env(" not in text and "pytest_argv(" not in text and "invocations(" not in text, name
@@ -78,7 +80,7 @@ def test_the_plan_of_a_two_node_cell_with_a_user_suite(tmp_path: Path) -> None:
     assert node1.env["STACKGATE_RESULTS"] == "/out/results-node1.jsonl"
     assert node1.env["STACKGATE_NPROC_PER_NODE"] == "3"
     single = Cell(STACK, pool, Topology(1, 2), Role.CANDIDATE)
-    (group,) = suite.node_commands(single, _ctx(tmp_path, suite.SuiteSpec(), phase="rollback"), layout)
+    (group,) = suite.node_commands(single, _ctx(tmp_path, suite.SuiteSpec(), phase=ROLLBACK), layout)
     assert len(group) == 1 and group[0].env["STACKGATE_RDZV_ENDPOINT"] == ""  # one node: no rendezvous
     assert "crossversion" in group[0].argv
 
@@ -129,14 +131,102 @@ def test_a_suite_is_configured_by_its_own_directory_on_every_backend(tmp_path: P
     user = tmp_path / "tests" / "integration"
     user.mkdir(parents=True)
     (user / "test_x.py").write_text("def test_x(): pass\n")
-    host = suite.invocations(suite.SuiteSpec(path=user), "main")[-1]
-    container = suite.invocations(suite.SuiteSpec(path=user), "main", path=Path("/sg/suite"))[-1]
+    host = suite.invocations(suite.SuiteSpec(path=user), MAIN)[-1]
+    container = suite.invocations(suite.SuiteSpec(path=user), MAIN, path=Path("/sg/suite"))[-1]
     assert host.args[host.args.index("-c"):][:4] == ("-c", "/dev/null", "--confcutdir", str(user))
     assert container.args[container.args.index("-c"):][:4] == ("-c", "/dev/null", "--confcutdir", "/sg/suite")
     (user / "pytest.ini").write_text("[pytest]\nmarkers = slow\n")  # its own configuration: used as it is
-    assert "-c" not in suite.invocations(suite.SuiteSpec(path=user), "main")[-1].args
+    assert "-c" not in suite.invocations(suite.SuiteSpec(path=user), MAIN)[-1].args
     (user / "pytest.ini").unlink()
     (user / "setup.cfg").write_text("[metadata]\nname = x\n")  # not a pytest section: does not count
-    assert "-c" in suite.invocations(suite.SuiteSpec(path=user), "main")[-1].args
-    bundled_run = suite.invocations(suite.SuiteSpec(), "main")[-1]
+    assert "-c" in suite.invocations(suite.SuiteSpec(path=user), MAIN)[-1].args
+    bundled_run = suite.invocations(suite.SuiteSpec(), MAIN)[-1]
     assert "-c" not in bundled_run.args  # the bundled suite has its pytest.ini
+
+
+# ---- #20: one way through a run
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for path in SRC.rglob("*.py"):
+        if path.is_relative_to(SRC / "resources"):
+            continue
+        parts = path.relative_to(SRC.parent).with_suffix("").parts
+        found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """Module -> the stackgate modules it imports anywhere (top level, TYPE_CHECKING or inside a function)."""
+    modules = _modules()
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        wanted = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                wanted |= {node.module, *(f"{node.module}.{a.name}" for a in node.names)}
+            elif isinstance(node, ast.Import):
+                wanted |= {a.name for a in node.names}
+        package = name.rsplit(".", 1)[0]
+        graph[name] = {w for w in wanted if w in modules and w not in (name, package)}
+    return graph
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str]:
+    """One import cycle (as a path that returns to its start), or []."""
+    state: dict[str, int] = {}  # 1: on the path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str]:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return [*path[path.index(nxt):], nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        path.pop()
+        state[node] = 2
+        return []
+
+    for start in sorted(graph):
+        if start not in state and (found := visit(start)):
+            return found
+    return []
+
+
+def test_the_cycle_finder_finds_a_cycle() -> None:
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_cycle_in_the_package() -> None:
+    graph = _import_graph()
+    assert "stackgate.runner" in graph and "stackgate.suite" in graph["stackgate.runner"]  # the walk sees imports
+    assert _cycle(graph) == []
+
+
+def test_only_the_runner_calls_a_backends_execute() -> None:
+    """A backend may wrap another (Slurm starts the inner backend's nodes); nothing else executes nodes."""
+    callers = {str(p.relative_to(SRC)) for p in SRC.rglob("*.py")
+               if not p.is_relative_to(SRC / "resources") and not p.is_relative_to(SRC / "backends")
+               and re.search(r"\bbackend\.execute\(|\.execute\(handle", p.read_text())}
+    assert callers == {"runner.py"}
+    wrappers = {str(p.relative_to(SRC)) for p in (SRC / "backends").rglob("*.py") if ".execute(" in p.read_text()}
+    assert wrappers == {"backends/slurm.py"}
+
+
+def test_no_phase_text_is_written_or_read_outside_the_model() -> None:
+    """Phases are values of one type (model.Phase): no "@rollback", "repeat{r}" or "aa{r}" built, and no
+    phase compared with a string, anywhere else."""
+    pattern = re.compile(r"""f["'](?:repeat|aa)\{|["']@rollback|phase\s*[!=]=\s*["']|["'](?:main|rollback)["']\s*==\s*"""
+                         r"""\w*phase|removeprefix\(["'](?:repeat|aa)""")
+    offenders = {str(p.relative_to(SRC)): pattern.findall(p.read_text()) for p in SRC.rglob("*.py")
+                 if not p.is_relative_to(SRC / "resources") and p.name != "model.py"}
+    assert {k: v for k, v in offenders.items() if v} == {}
+
+
+def test_no_module_over_450_lines() -> None:
+    sizes = {str(p.relative_to(SRC)): len(p.read_text().splitlines()) for p in SRC.rglob("*.py")
+             if not p.is_relative_to(SRC / "resources")}
+    assert {k: n for k, n in sizes.items() if n > 450} == {}

@@ -7,12 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from stackgate import matrix, suite
+from stackgate import fleet, suite
 from stackgate.backends import slurm
-from stackgate.backends.base import RunContext, run_cell
 from stackgate.backends.memory import MemoryBackend
 from stackgate.errors import ConfigError, InfraError, StackgateError
 from stackgate.model import Cell, GpuClass, Role, RunnerPool, SlurmSpec, Stack, Status, Topology
+from stackgate.runner import run_cell
+from stackgate.suite import RunContext
 from stackgate.versions import CudaVariant, parse_driver, parse_torch
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "slurm"
@@ -20,18 +21,18 @@ STACK = Stack(parse_torch("2.14.1"), CudaVariant("cu130"), "3.11")
 
 
 def test_a_pool_says_slurm_in_fleet_toml(tmp_path: Path) -> None:
-    fleet = tmp_path / "fleet.toml"
-    fleet.write_text('[pool.p5]\nlauncher = "slurm"\npartition = "gpu"\naccount = "ml"\ndriver = "580.65.06"\n'
-                     'gpu_class = "datacenter"\ngpus_per_node = 8\nnodes = 2\n[pool.cpu]\nnodes = 1\n')
-    pools = matrix.load_pools(fleet, matrix.LocalHost())
+    toml = tmp_path / "fleet.toml"
+    toml.write_text('[pool.p5]\nlauncher = "slurm"\npartition = "gpu"\naccount = "ml"\ndriver = "580.65.06"\n'
+                    'gpu_class = "datacenter"\ngpus_per_node = 8\nnodes = 2\n[pool.cpu]\nnodes = 1\n')
+    pools = fleet.load_pools(toml, fleet.LocalHost())
     assert pools["p5"].slurm == SlurmSpec(partition="gpu", account="ml") and pools["cpu"].slurm is None
-    fleet.write_text('[pool.cpu]\nnodes = 1\npartition = "gpu"\n')
+    toml.write_text('[pool.cpu]\nnodes = 1\npartition = "gpu"\n')
     with pytest.raises(StackgateError, match='partition only apply with launcher = "slurm"') as caught:
-        matrix.load_pools(fleet, matrix.LocalHost())
-    assert f"{fleet}:3" in str(caught.value)
-    fleet.write_text('[pool.cpu]\nlauncher = "pbs"\n')
+        fleet.load_pools(toml, fleet.LocalHost())
+    assert f"{toml}:3" in str(caught.value)
+    toml.write_text('[pool.cpu]\nlauncher = "pbs"\n')
     with pytest.raises(StackgateError, match="launcher = 'pbs'"):
-        matrix.load_pools(fleet, matrix.LocalHost())
+        fleet.load_pools(toml, fleet.LocalHost())
 
 
 def _gpu_cell(nodes: int = 2) -> Cell:

@@ -7,8 +7,8 @@ import busbw
 import nccl_log
 import pytest
 
-from stackgate import results, suite
-from stackgate.model import CellResult, Role, Status
+from stackgate import fleet, results, suite
+from stackgate.model import MAIN, ROLLBACK, CellResult, Role, Status
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 
@@ -106,17 +106,17 @@ def test_results_append_read_and_torn_line(tmp_path: Path) -> None:
 
 
 def test_a_users_suite_gets_a_separate_platform_checks_invocation(tmp_path: Path) -> None:
-    own = suite.invocations(suite.SuiteSpec(), "main")
+    own = suite.invocations(suite.SuiteSpec(), MAIN)
     assert [i.label for i in own] == ["suite"] and own[0].args[:3] == (str(suite.BUNDLED_SUITE), "--rootdir",
                                                                         str(suite.BUNDLED_SUITE))
-    user = suite.invocations(suite.SuiteSpec(path=tmp_path, pytest_args=("-k", "mine")), "main")
+    user = suite.invocations(suite.SuiteSpec(path=tmp_path, pytest_args=("-k", "mine")), MAIN)
     assert [i.label for i in user] == ["platform", "suite"]
     assert [Path(a).name for a in user[0].args[:3]] == list(suite.PLATFORM_CHECKS)
     assert "-k" not in user[0].args and user[1].args[-2:] == ("-k", "mine")  # the user's filter is theirs
     assert user[0].cwd == suite.BUNDLED_SUITE and user[1].cwd == tmp_path
-    off = suite.invocations(suite.SuiteSpec(path=tmp_path, platform_checks=False), "main")
+    off = suite.invocations(suite.SuiteSpec(path=tmp_path, platform_checks=False), MAIN)
     assert [i.label for i in off] == ["suite"]
-    rollback = suite.invocations(suite.SuiteSpec(path=tmp_path), "rollback")
+    rollback = suite.invocations(suite.SuiteSpec(path=tmp_path), ROLLBACK)
     assert [i.label for i in rollback] == ["suite"] and rollback[0].args[-2:] == ("-m", "crossversion")
     argv = suite.pytest_argv("py", own[0], tmp_path / "j.xml")
     assert argv[:3] == ["py", "-m", "pytest"] and argv[-1] == f"--junitxml={tmp_path / 'j.xml'}"
@@ -156,7 +156,7 @@ def test_production_keeps_its_own_source_on_the_nightly_channel() -> None:
     from stackgate.bundled import MATRIX_DIR
     from stackgate.versions import parse_torch
     spec = matrix.load_matrix(MATRIX_DIR / "nightly.toml")
-    exp = matrix.expand(spec, matrix.load_pools(MATRIX_DIR / "fleet.toml", matrix.LocalHost()),
+    exp = matrix.expand(spec, fleet.load_pools(MATRIX_DIR / "fleet.toml", fleet.LocalHost()),
                         matrix.load_production(MATRIX_DIR / "production.toml"),
                         compat.load_compat(MATRIX_DIR / "compat.toml"),
                         torch_versions=[parse_torch("2.15.0.dev20261128+cu130")])

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from stackgate import matrix, options, policy, tomlfile
+from stackgate import fleet, matrix, options, policy, tomlfile
 from stackgate.errors import ConfigError
 
 
@@ -117,7 +117,7 @@ def test_options_bad_values(tmp_path: Path) -> None:
 
 
 def test_suite_env_pairs() -> None:
-    from stackgate.pipeline import parse_suite_env
+    from stackgate.inputs import parse_suite_env
     assert parse_suite_env(("NCCL_NET=AWS Libfabric", "FI_EFA_SET_CUDA_SYNC_MEMOPS=0")) == (
         ("NCCL_NET", "AWS Libfabric"), ("FI_EFA_SET_CUDA_SYNC_MEMOPS", "0"))
     with pytest.raises(ConfigError, match="KEY=VALUE"):
@@ -151,7 +151,7 @@ def test_non_finite_and_out_of_range_policy_numbers_name_file_and_line(tmp_path:
 def test_fleet_counts_have_ranges(tmp_path: Path, row: str, words: str) -> None:
     path = _write(tmp_path, f"[pool.p5]\ndriver = '580.65.06'\ngpu_class = 'datacenter'\n{row}\n", "fleet.toml")
     with pytest.raises(ConfigError) as info:
-        matrix.load_pools(path, matrix.LocalHost())
+        fleet.load_pools(path, fleet.LocalHost())
     assert words in str(info.value) and info.value.line == 4
 
 

@@ -10,8 +10,8 @@ from dataclasses import dataclass, field, replace
 
 import pytest
 
-from stackgate import bundled, gate, selftest
-from stackgate.model import Cell, CellResult, Decision, NotHere, Severity, Status, TestOutcome
+from stackgate import bundled, fleet, gate, selftest
+from stackgate.model import ROLLBACK, Cell, CellResult, Decision, NotHere, Severity, Status, TestOutcome
 from stackgate.policy import Policy, Waiver, load_policy
 
 POLICY = load_policy(bundled.MATRIX_DIR / "policy.toml")
@@ -50,8 +50,8 @@ def _samples(name: str, change: Callable[[tuple[float, ...]], tuple[float, ...]]
 
 
 def _rollback(s: Situation, status: Status, reason: str, tests: tuple[TestOutcome, ...] = ()) -> None:
-    rid = s.prod.result_id("rollback", s.cand)
-    s.results[rid] = CellResult(rid, s.prod.role, status, reason=reason, tests=tests, phase="rollback",
+    rid = s.prod.result_id(ROLLBACK, s.cand)
+    s.results[rid] = CellResult(rid, s.prod.role, status, reason=reason, tests=tests, phase=ROLLBACK,
                                 against=s.cand.id)
 
 
@@ -241,7 +241,7 @@ def test_a_rollback_failure_production_has_on_its_own_is_listed_as_preexisting()
     s = Situation([rec.production, rec.candidate], dict(rec.results))
     r_rollback_fails_in_productions_own_run_too(s)
     out = gate.decide(tuple(s.cells), (), s.results, s.policy, TODAY)
-    rollback = s.prod.result_id("rollback", s.cand)
+    rollback = s.prod.result_id(ROLLBACK, s.cand)
     assert {(k.cell, k.baseline) for k in out.evidence.preexisting} == {(s.cand.id, s.prod.id), (s.cand.id, rollback)}
 
 
@@ -392,7 +392,7 @@ def _config_required_glob_typo() -> None:
     """#18 item 1: `required = ["lcoal-*"]` made nothing required (a failing candidate was GO)."""
     from stackgate import matrix
     from tests.unit.test_matrix import _expand
-    matrix.require(_expand("upgrade.toml", matrix.LocalHost()), ["lcoal-*"])
+    matrix.require(_expand("upgrade.toml", fleet.LocalHost()), ["lcoal-*"])
 
 
 def _config_rtol_nan() -> None:

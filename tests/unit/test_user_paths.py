@@ -10,9 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from stackgate import bundled, gate, matrix, suite
+from stackgate import bundled, fleet, gate, suite
+from stackgate.conclude import why_lines
 from stackgate.console import Console
 from stackgate.model import (
+    MAIN,
+    ROLLBACK,
     Cell,
     CellResult,
     Decision,
@@ -29,7 +32,6 @@ from stackgate.model import (
     Transport,
     Verdict,
 )
-from stackgate.pipeline import why_lines
 from stackgate.policy import SUITE_POLICY, load_for_suite, load_policy
 from stackgate.versions import CudaVariant, parse_driver, parse_torch
 from tests.unit.test_matrix import _expand
@@ -40,7 +42,7 @@ TODAY = dt.date(2026, 11, 30)
 
 @pytest.mark.parametrize(("gpus", "sizes"), [(1, (1,)), (2, (2,)), (8, (2, 8))])
 def test_fake_gpu_hosts_expand_to_world_sizes_that_fit_them(gpus: int, sizes: tuple[int, ...]) -> None:
-    host = matrix.LocalHost(driver=parse_driver("580.65.06"), gpu="NVIDIA H200", gpu_count=gpus)
+    host = fleet.LocalHost(driver=parse_driver("580.65.06"), gpu="NVIDIA H200", gpu_count=gpus)
     local = [c for c in _expand("upgrade.toml", host).cells if c.pool.is_local]
     assert local, "the local GPU pool must have cells"
     for cell in local:
@@ -54,7 +56,7 @@ def test_fake_gpu_hosts_expand_to_world_sizes_that_fit_them(gpus: int, sizes: tu
 
 
 def test_cpu_host_and_multi_node_cells_use_the_cells_own_processes() -> None:
-    cells = _expand("upgrade.toml", matrix.LocalHost()).cells
+    cells = _expand("upgrade.toml", fleet.LocalHost()).cells
     assert {c.collective_world_sizes for c in cells} == {(2,)}
     pool = RunnerPool("local", None, GpuClass.NONE, nodes=2, is_local=True)
     two_nodes = Cell(cells[0].stack, pool, Topology(2, 3), Role.CANDIDATE)
@@ -62,13 +64,13 @@ def test_cpu_host_and_multi_node_cells_use_the_cells_own_processes() -> None:
 
 
 def test_local_pool_transport_comes_from_its_declaration(tmp_path: Path) -> None:
-    fleet = tmp_path / "fleet.toml"
-    fleet.write_text("[pool.local]\ndetect = true\ntransport = 'ib'\n")
-    gpu = matrix.LocalHost(driver=parse_driver("580.65.06"), gpu="NVIDIA H100", gpu_count=8)
-    assert matrix.load_pools(fleet, gpu)["local"].transport is Transport.IB
-    assert matrix.load_pools(fleet, matrix.LocalHost())["local"].transport is Transport.NONE  # CPU: gloo
-    fleet.write_text("[pool.local]\ndetect = true\n")
-    assert matrix.load_pools(fleet, gpu)["local"].transport is Transport.ANY
+    toml = tmp_path / "fleet.toml"
+    toml.write_text("[pool.local]\ndetect = true\ntransport = 'ib'\n")
+    gpu = fleet.LocalHost(driver=parse_driver("580.65.06"), gpu="NVIDIA H100", gpu_count=8)
+    assert fleet.load_pools(toml, gpu)["local"].transport is Transport.IB
+    assert fleet.load_pools(toml, fleet.LocalHost())["local"].transport is Transport.NONE  # CPU: gloo
+    toml.write_text("[pool.local]\ndetect = true\n")
+    assert fleet.load_pools(toml, gpu)["local"].transport is Transport.ANY
 
 
 def _gpu_pair() -> tuple[Cell, Cell]:
@@ -162,12 +164,12 @@ def test_a_policy_beside_the_suite_overrides_the_default(tmp_path: Path) -> None
 
 def test_rollback_with_no_cross_version_tests_is_not_an_error() -> None:
     procs = [suite.NodeExit(0, "pytest", 5, tail="no tests ran")]
-    assert suite.classify(procs, (), "rollback") == (Status.SKIPPED, suite.NO_ROLLBACK_TESTS)
-    assert suite.classify(procs, (), "main")[0] is Status.ERROR  # in the main phase it still is
+    assert suite.classify(procs, (), ROLLBACK) == (Status.SKIPPED, suite.NO_ROLLBACK_TESTS)
+    assert suite.classify(procs, (), MAIN)[0] is Status.ERROR  # in the main phase it still is
     prod, cand = _user_cells()
     both = {"test_a": "passed"}
-    rollback = CellResult(prod.result_id("rollback", cand), Role.PRODUCTION, Status.SKIPPED,
-                          reason=suite.NO_ROLLBACK_TESTS, phase="rollback", against=cand.id)
+    rollback = CellResult(prod.result_id(ROLLBACK, cand), Role.PRODUCTION, Status.SKIPPED,
+                          reason=suite.NO_ROLLBACK_TESTS, phase=ROLLBACK, against=cand.id)
     results = {prod.id: _user_result(prod, both), cand.id: _user_result(cand, both), rollback.cell_id: rollback}
     out = gate.decide((prod, cand), (), results, replace(POLICY, required_tests=(), candidate_tests=(),
                                                          required_metrics=()), TODAY)

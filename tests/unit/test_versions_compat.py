@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from stackgate import compat
+from stackgate import compat, fleet
 from stackgate.errors import ConfigError
 from stackgate.model import GpuClass
 from stackgate.versions import CudaVariant, nightly_date, parse_driver, parse_python, parse_torch
@@ -91,8 +91,7 @@ def test_forward_compat_only_on_ltsb_and_production_branches() -> None:
 
 @pytest.mark.parametrize("gpu", ["NVIDIA GH200 480GB", "NVIDIA B200", "NVIDIA B300", "NVIDIA GB200", "NVIDIA H200"])
 def test_new_datacenter_gpus_are_datacenter_class(gpu: str) -> None:
-    from stackgate import matrix
-    assert matrix.LocalHost(driver=parse_driver("580.65.06"), gpu=gpu, gpu_count=1).gpu_class is GpuClass.DATACENTER
+    assert fleet.LocalHost(driver=parse_driver("580.65.06"), gpu=gpu, gpu_count=1).gpu_class is GpuClass.DATACENTER
 
 
 def test_torch_ships_only_some_variants_and_pythons() -> None:
@@ -150,11 +149,10 @@ def test_a_stale_pypi_default_is_found_from_the_resolved_pins_naming_the_row(tmp
 
 
 def test_cpu_pools_take_each_releases_pypi_default_build() -> None:
-    from stackgate import matrix
     from tests.unit.test_matrix import _expand
-    ids = {c.id for c in _expand("upgrade.toml", matrix.LocalHost(), candidate="2.15.0").cells}
+    ids = {c.id for c in _expand("upgrade.toml", fleet.LocalHost(), candidate="2.15.0").cells}
     assert "local-cpu-cu132-torch2.15.0-py3.11-1x2" in ids
-    ids = {c.id for c in _expand("upgrade.toml", matrix.LocalHost(), candidate="2.14.1").cells}
+    ids = {c.id for c in _expand("upgrade.toml", fleet.LocalHost(), candidate="2.14.1").cells}
     assert "local-cpu-cu130-torch2.14.1-py3.11-1x2" in ids
 
 

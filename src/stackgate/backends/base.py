@@ -2,20 +2,15 @@
 
 from __future__ import annotations
 
-import hashlib
 import random
-import secrets
-import shutil
 import socket
-import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from stackgate.masking import Masker
-from stackgate.model import Cell, CellResult, Stack
-from stackgate.suite import Layout, NodeCommand, NodeExit, SuiteSpec, build_result, node_commands
+from stackgate.model import Cell, Stack
+from stackgate.suite import Layout, NodeCommand, NodeExit
 
 
 @dataclass(frozen=True)
@@ -29,56 +24,6 @@ class EnvHandle:
     prepare_s: float
     sbom: dict[str, Any] = field(default_factory=dict)
 
-
-@dataclass(frozen=True)
-class RunContext:
-    """Where a cell writes, how the run is configured, and which phase this is: `main`, or `rollback`
-    against one candidate (production reading what that candidate wrote)."""
-
-    run_id: str
-    run_dir: Path
-    suite: SuiteSpec
-    on_line: Callable[[str], None] | None = None
-    phase: str = "main"
-    against: Cell | None = None
-    artifacts: Path | None = None  # STACKGATE_ARTIFACTS for this run of the cell (set by the pipeline)
-    select: tuple[str, ...] = ()  # repeats: only these test node ids
-    suite_deps: Mapping[str, Any] = field(default_factory=dict)  # what the suite installs (for the report)
-    refused_links: tuple[str, ...] = ()  # links out of the run directory not copied into this run's artifacts
-    mask: Masker = field(default_factory=Masker)  # secrets never reach what stackgate writes
-
-    def result_id(self, cell: Cell) -> str:
-        return cell.result_id(self.phase, self.against)
-
-    def cell_dir(self, cell: Cell) -> Path:
-        path = self.run_dir / "cells" / self.result_id(cell)
-        path.mkdir(parents=True, exist_ok=True)
-        return path
-
-    def fresh_cell_dir(self, cell: Cell) -> tuple[Path, Path]:
-        """The cell's directory without outputs of an earlier attempt, and its shared scratch directory."""
-        workdir = self.cell_dir(cell)
-        for old in workdir.glob("node*.log"):
-            old.unlink()
-        for attempt in workdir.glob(f"{ATTEMPT_PREFIX}*"):  # a killed attempt's evidence is never read again
-            shutil.rmtree(attempt, ignore_errors=True)
-        shared = workdir / "shared"
-        shared.mkdir(exist_ok=True)
-        return workdir, shared
-
-    def artifacts_dir(self, cell: Cell) -> Path:
-        """Where the suite reads and writes cross-version artifacts: the pipeline's choice (one
-        directory per candidate stack), else one per pool and topology."""
-        if self.artifacts is not None:
-            self.artifacts.mkdir(parents=True, exist_ok=True)
-            return self.artifacts
-        pool, topo = cell.comparison_key
-        path = self.run_dir / "artifacts" / f"{pool}-{topo}"
-        path.mkdir(parents=True, exist_ok=True)
-        return path
-
-
-ATTEMPT_PREFIX = "attempt-"  # cells/<result>/attempt-<tag>/: one attempt's JUnit and metric records
 
 # A cached environment's check, the same on every backend: its interpreter imports torch at the version
 # the stack asks for.
@@ -132,27 +77,6 @@ class Backend(Protocol):
     def describe(self, handle: EnvHandle) -> dict[str, Any]: ...
 
     def close(self) -> None: ...
-
-
-def run_cell(backend: Backend, cell: Cell, handle: EnvHandle, ctx: RunContext) -> CellResult:
-    """One cell on any backend: the suite's node plan, executed invocation by invocation (the nodes
-    of each at the same time) under one deadline, then collected into a CellResult."""
-    workdir, shared = ctx.fresh_cell_dir(cell)
-    tag = hashlib.sha1(f"{ctx.run_id}/{ctx.result_id(cell)}/{secrets.token_hex(4)}".encode()).hexdigest()[:10]
-    exe = Execution(cell, workdir, ctx.artifacts_dir(cell), shared, ctx.suite.path.resolve(), tag, ctx.on_line)
-    # this attempt's JUnit and records go where only it writes: a process of a killed attempt that is
-    # still alive writes into a directory that is gone or never read, not into this attempt's evidence
-    evidence = workdir / f"{ATTEMPT_PREFIX}{tag}"
-    evidence.mkdir()
-    base_layout = backend.layout(handle, exe)
-    layout = replace(base_layout, out=base_layout.out / evidence.name)
-    start = time.monotonic()
-    deadline = start + ctx.suite.timeout_s
-    exits: list[NodeExit] = []
-    for group in node_commands(cell, ctx, layout):
-        exits += backend.execute(handle, group, deadline, exe)
-    extra = {**backend.describe(handle), **({"refused_links": list(ctx.refused_links)} if ctx.refused_links else {})}
-    return build_result(cell, exits, evidence, time.monotonic() - start, ctx, extra_env=extra)
 
 
 def free_port(low: int = 20000, high: int = 40000) -> int:

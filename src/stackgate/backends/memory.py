@@ -14,7 +14,7 @@ from xml.sax.saxutils import quoteattr
 
 from stackgate.backends.base import EnvHandle, Execution
 from stackgate.model import Stack
-from stackgate.suite import Layout, NodeCommand, NodeExit
+from stackgate.suite import RDZV_PORT, Layout, NodeCommand, NodeExit
 
 Script = Callable[[NodeCommand, Execution], NodeExit]
 
@@ -69,7 +69,7 @@ class MemoryBackend:
 
     def layout(self, handle: EnvHandle, exe: Execution) -> Layout:
         return Layout(python="python", out=exe.workdir, artifacts=exe.artifacts, shared=exe.shared, suite=exe.suite,
-                      endpoint="memory-node0:29400" if exe.cell.topology.nodes > 1 else "")
+                      endpoint=f"memory-node0:{RDZV_PORT}" if exe.cell.topology.nodes > 1 else "")
 
     def execute(self, handle: EnvHandle, commands: Sequence[NodeCommand], deadline: float,
                 exe: Execution) -> tuple[NodeExit, ...]:

@@ -26,10 +26,10 @@ from stackgate.backends.base import TORCH_PROBE, EnvHandle, Execution, PrepareFa
 from stackgate.bundled import BUNDLED_SUITE
 from stackgate.compat import CompatTable
 from stackgate.errors import InfraError
+from stackgate.installer import is_disk_full, is_network_failure
 from stackgate.masking import node_base
 from stackgate.model import Stack
 from stackgate.plan import requirements
-from stackgate.resolve import is_disk_full, is_network_failure
 from stackgate.sources import PipConfig, installer_args
 from stackgate.suite import Layout, NodeCommand, NodeExit
 from stackgate.suite_deps import SuiteDeps

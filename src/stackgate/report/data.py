@@ -8,8 +8,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from stackgate.gate import Evidence, GateOutcome
-from stackgate.model import Cell, CellResult, NotHere, Pruned, Reason, Role, Severity, Status
+from stackgate.evidence import Evidence, GateOutcome
+from stackgate.model import ROLLBACK, Cell, CellResult, NotHere, Pruned, Reason, Role, Severity, Status
 
 SCHEMA_VERSION = 1
 KEY_PACKAGES = ("torch", "triton", "numpy", "nvidia-nccl", "nvidia-cudnn", "nvidia-cublas", "nvidia-cuda-runtime")
@@ -73,7 +73,7 @@ class RunReport:
     @property
     def rollbacks(self) -> list[CellResult]:
         """Production reading each candidate's artifacts, one result per candidate."""
-        return [self.results[k] for k in sorted(self.results) if self.results[k].phase == "rollback"]
+        return [self.results[k] for k in sorted(self.results) if self.results[k].phase == ROLLBACK]
 
     def result_rows(self) -> list[tuple[Cell, CellResult | None]]:
         rows: list[tuple[Cell, CellResult | None]] = [(c, self.results.get(c.id)) for c in self.cells]

@@ -17,15 +17,14 @@ from stackgate.backends.docker import images
 from stackgate.backends.docker.engine import BuildError, ContainerExit, ContainerSpec, Engine
 from stackgate.compat import CompatTable
 from stackgate.errors import InfraError
+from stackgate.installer import is_disk_full
 from stackgate.model import Stack
 from stackgate.plan import requirements
-from stackgate.resolve import is_disk_full
 from stackgate.sources import PipConfig, host_config_problem, installer_args
-from stackgate.suite import Layout, NodeCommand, NodeExit, suite_digest
+from stackgate.suite import RDZV_PORT, Layout, NodeCommand, NodeExit, suite_digest
 from stackgate.suite_deps import SuiteDeps
 
 SUITE_IN_IMAGE = "/opt/stackgate/suite"
-RDZV_PORT = 29400
 # PID 1 of every node container: runs the node's command, then ends and names what it left running
 NODE_INIT = bundled.NODE_INIT.read_text()
 

@@ -1,0 +1,75 @@
+"""Which backend and launcher a run uses (`--backend`, `--launcher`, the fleet's `launcher`), and the
+`Machinery` a command starts on this machine: the backend factory, the resolver and the local host's
+detection. The unit tier passes a `Machinery` that starts nothing; no module global is patched."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from stackgate import fleet, resolve
+from stackgate.backends.base import Backend
+from stackgate.compat import CompatTable
+from stackgate.console import Printer
+from stackgate.errors import InfraError
+from stackgate.inputs import Loaded
+from stackgate.model import SlurmSpec, Stack
+from stackgate.options import Options
+from stackgate.sources import PipConfig
+from stackgate.suite_deps import SuiteDeps
+
+BackendFactory = Callable[[Options, Loaded, Mapping[str, str], Printer, SuiteDeps], Backend]
+Resolver = Callable[[Sequence[Stack], CompatTable, PipConfig, Mapping[str, str], SuiteDeps],
+                    Mapping[str, resolve.Resolution]]
+
+
+def make_backend(opts: Options, loaded: Loaded, env: Mapping[str, str], say: Printer,
+                 deps: SuiteDeps | None = None) -> Backend:
+    """The environment backend (`environments`), started through Slurm for the pools whose cells
+    are Slurm jobs (`--launcher slurm`, or `launcher = "slurm"` in fleet.toml)."""
+    backend = environments(opts, loaded, env, say, deps)
+    if slurm_pools(opts, loaded):
+        from stackgate.backends.slurm import SlurmBackend
+        return SlurmBackend(backend, forced=SlurmSpec() if opts.launcher == "slurm" else None, env=env, say=say)
+    return backend
+
+
+def slurm_pools(opts: Options, loaded: Loaded) -> set[str]:
+    """The pools run here whose cells are Slurm jobs."""
+    if opts.launcher == "local":
+        return set()
+    return {n for n, p in loaded.pools.items() if p.is_local and (opts.launcher == "slurm" or p.slurm is not None)}
+
+
+def environments(opts: Options, loaded: Loaded, env: Mapping[str, str], say: Printer,
+                 deps: SuiteDeps | None) -> Backend:
+    """`docker` when asked for, or by default whenever an engine answers (and cells start locally);
+    `venv` otherwise (with a notice)."""
+    from stackgate.backends.venv import VenvBackend
+    if opts.backend == "auto" and slurm_pools(opts, loaded):
+        say("notice: Slurm jobs run the stack's venv on the nodes: using the venv backend")
+        return VenvBackend(opts.cache_dir, loaded.table, loaded.host_pip, env, deps=deps, say=say)
+    if opts.backend in ("docker", "auto"):
+        from stackgate.backends import docker
+
+        made = docker.create(opts.cache_dir, loaded.table, loaded.host_pip, env, allow_bootstrap=opts.bootstrap_base,
+                             mirror=opts.debian_mirror, ca_bundle=opts.ca_bundle, say=say, deps=deps,
+                             auto=opts.backend == "auto")
+        if not isinstance(made, str):
+            return made
+        if opts.backend == "docker":
+            raise InfraError(made, hint="start the Docker engine, or use --backend venv")
+        say(f"notice: {made}; falling back to the venv backend")
+    return VenvBackend(opts.cache_dir, loaded.table, loaded.host_pip, env, deps=deps, say=say)
+
+
+@dataclass(frozen=True)
+class Machinery:
+    """What a command starts on this machine (all real by default)."""
+
+    backend: BackendFactory = make_backend
+    resolve: Resolver = resolve.resolve_all
+    local: Callable[[], fleet.LocalHost] = fleet.detect_local
+
+
+REAL = Machinery()

@@ -1,0 +1,143 @@
+"""`stackgate run` (and the nox sessions over it): load -> select -> guards -> resolve -> the run
+directory -> main attempts -> repeats and confirmation -> rollbacks -> decide and report."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+
+from stackgate import bundle, guards, history, inputs, masking, matrix, probe, proc, repeats, results, rundir
+from stackgate.backends.choose import REAL, Machinery, slurm_pools
+from stackgate.conclude import decide_and_report, signals_held
+from stackgate.console import Console, Printer
+from stackgate.errors import ConfigError, InfraError
+from stackgate.inputs import Loaded
+from stackgate.model import Cell
+from stackgate.options import Options
+from stackgate.plan import plan_envs, run_order
+from stackgate.policy import Policy
+from stackgate.report.data import now
+from stackgate.runner import Attempt, Runner
+from stackgate.suite import RunContext
+
+
+def run(opts: Options, env: Mapping[str, str], say: Printer | None = None, *, machinery: Machinery = REAL) -> int:
+    console = Console(say)
+    say = console.say
+    loaded = inputs.load(opts, env, machinery.local())
+    chosen = inputs.runnable(opts, loaded)
+    blocked = guards.nightly_guards(opts, loaded, chosen.cells, say)
+    if blocked and loaded.spec.fallback == "last-green" and not opts.nightly_version:
+        green = history.last_green(opts.history, loaded.spec.name)
+        if green is not None:
+            say(f"the newest nightly fails a guard ({next(iter(blocked.values()))}); the matrix falls back to "
+                f"the last green nightly, {green.version} (run {green.run_id}; its age is not held against it)")
+            return run(replace(opts, nightly_version=green.version, nightly_max_age=36500), env, say,
+                       machinery=machinery)
+        say("the newest nightly fails a guard and the history has no green nightly to fall back to")
+    for cell_id, why in blocked.items():
+        say(f"  no build: {cell_id}: {why}")
+    # before anything is resolved or built for a host that cannot run it
+    probes = guards.probe_pools(chosen.cells, say, remote=slurm_pools(opts, loaded))
+    unfit = {p.pool: p for p in probes if not p.ok}
+    runnable = tuple(c for c in chosen.cells if c.pool.name not in unfit and c.id not in blocked)
+    deps = inputs.build_suite_deps(opts, loaded, env, say)
+    say(f"resolving the requirements of {len(plan_envs(runnable))} stack(s)")
+    resolutions = machinery.resolve([p.stack for p in plan_envs(runnable)], loaded.table, loaded.host_pip, env, deps)
+    backend = machinery.backend(opts, loaded, env, say, deps)
+    run_id = opts.resume or opts.run_id or rundir.new_run_id(loaded.spec.name)
+    run_dir = results.resume_dir(opts.reports, opts.resume) if opts.resume else opts.reports / run_id
+    owner = rundir.claim(run_dir)  # before anything is written: a second run of this id exits 2
+    try:
+        _open(opts, loaded, run_id, run_dir, chosen, probes, say)
+        started = now()
+        say(f"stackgate {loaded.spec.name}: run {run_id}, {len(chosen.cells)} cell(s) here, "
+            f"{len(chosen.not_here)} not run here, {len(chosen.pruned)} pruned -> {run_dir}")
+        for left in chosen.not_here:
+            say(f"  not run here: {left.cell.id}")
+        guards.record_stopped(run_dir, chosen.cells, unfit, blocked)
+        suite = inputs.suite_spec(opts, platform_checks=opts.platform_checks, host=env)
+        say(f"suite {suite.path}; policy: {loaded.policy.origin}")
+        ctx = RunContext(run_id=run_id, run_dir=run_dir, suite=suite, suite_deps={} if deps.empty else deps.describe(),
+                         select=tuple(opts.tests), mask=masking.Masker.of(env, suite.env))
+        runner = Runner(backend, ctx, console, runnable, resolutions)
+        interrupted: KeyboardInterrupt | None = None
+        try:
+            attempt_all(runner, runnable, loaded.policy, rollback=opts.rollback)
+        except KeyboardInterrupt as exc:
+            interrupted = exc
+            stopped = proc.stop_all()
+            say(f"interrupted: stopped {stopped} process tree(s); writing the report from the cells that finished "
+                f"(continue with --resume {run_id})")
+        finally:
+            backend.close()
+        with signals_held() if interrupted is not None else contextlib.nullcontext():
+            code, history_error = decide_and_report(opts, env, loaded, chosen, run_id, run_dir, started, say)
+        if interrupted is not None:
+            raise interrupted
+        if history_error:
+            raise InfraError(history_error + f" (the reports are written: {run_dir})",
+                             hint="check the file, or pass --history PATH to use another database")
+        return code
+    finally:
+        owner.release()
+
+
+def _open(opts: Options, loaded: Loaded, run_id: str, run_dir: Path, chosen: matrix.Expansion,
+          probes: Sequence[probe.ProbeResult], say: Printer) -> None:
+    """The run directory, claimed: new (refused if it holds results), or resumed (its definition and
+    selection checked, and what the dead run left running ended); its manifest, and a torn last line repaired."""
+    if not opts.resume and (run_dir / results.RESULTS).exists():
+        raise ConfigError(f"run {run_id} already has results in {run_dir}", hint="use --resume to continue it")
+    defined = inputs.definition(opts, loaded)
+    selected = bundle.selection(pools=opts.pool, only=opts.only, shard=opts.shard)
+    if opts.resume:
+        bundle.check_resume(run_dir, defined, selected)
+        # this run owns the directory now, so what still carries its id was left by the run that died
+        ended = proc.end_marked({"STACKGATE_RUN_ID": run_id})
+        if ended:
+            say(f"resume: ended {len(ended)} process(es) the dead run {run_id} left running: "
+                + "; ".join(f"pid {pid} ({cmd[:80]})" for pid, cmd in ended[:5]))
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        if not opts.resume or probes:
+            bundle.write_manifest(run_dir, defined=defined, selected=selected, cells=[c.id for c in chosen.cells],
+                                  host_probe={p.pool: p.to_json() for p in probes},
+                                  options=bundle.defining_options(opts.describe(), Path.cwd()))
+    except OSError as exc:
+        raise InfraError(f"cannot create {run_dir}: {exc.strerror}") from None
+    torn = results.repair_tail(run_dir)
+    if torn is not None:
+        say(f"repaired a torn last line of {results.RESULTS} (kept in {results.TORN}): {torn[:120]}")
+
+
+def attempt_all(runner: Runner, cells: Sequence[Cell], policy: Policy, *, rollback: bool) -> None:
+    """Every attempt of a run, in order: the main runs, the interleaved repeats of the performance-gated
+    tests and their confirmation (decided once, on all runs: a first look can only settle a metric as
+    within tolerance, so confirmation never makes a false NO-GO likelier), then each candidate's rollback."""
+    say = runner.console.say
+    ordered = run_order(cells)
+    by_id = runner.by_id
+    runner.run((Attempt(c) for c in ordered), say_skipped=True)
+    finished = results.read(runner.ctx.run_dir)
+    pairs = repeats.pairs_that_ran(ordered, finished)
+    if pairs and policy.repeats > 1:
+        select = repeats.repeat_selection(pairs, finished, policy)
+        if select:
+            say(f"repeats: {policy.repeats - 1} more interleaved run(s) of the performance-gated tests "
+                f"({repeats.listed(select)})")
+        runner.run(repeats.repeat_attempts(ordered, by_id, select, range(1, policy.repeats)))
+        finished = results.read(runner.ctx.run_dir)
+    if pairs and policy.confirm_repeats > policy.repeats:
+        select, why = repeats.unsettled(pairs, by_id, finished, policy)
+        if select:
+            say(f"confirm: {policy.confirm_repeats - policy.repeats} more interleaved run(s) of "
+                f"{repeats.listed(select)}, because the runs so far cannot settle:")
+            for cell_id, metrics in sorted(why.items()):
+                for key, reason in sorted(metrics.items()):
+                    say(f"  {cell_id} {key}: {reason}")
+            runner.run(repeats.repeat_attempts(ordered, by_id, select, range(policy.repeats, policy.confirm_repeats)))
+    if rollback:  # production reads what each candidate that ran its suite wrote
+        runner.run(repeats.rollbacks(ordered, by_id, results.read(runner.ctx.run_dir)))

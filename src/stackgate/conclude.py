@@ -1,0 +1,176 @@
+"""The end of every run and merge: `gate.decide` over the run directory's results, the reports
+(each atomically, before the history is touched), the history's record, the console's verdict and
+why, and the exit code."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import signal
+import sqlite3
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from stackgate import bundle, errors, gate, history, matrix, results
+from stackgate.console import Printer
+from stackgate.errors import ConfigError, ExitCode
+from stackgate.evidence import GateOutcome
+from stackgate.inputs import Loaded
+from stackgate.model import Cell, Decision, Severity, Verdict
+from stackgate.options import Options
+from stackgate.report import html_report, json_report, junit, markdown
+from stackgate.report.data import RunReport, counts, now, stack_diffs
+
+
+def decide_and_report(opts: Options, env: Mapping[str, str], loaded: Loaded, chosen: matrix.Expansion,
+                      run_id: str, run_dir: Path, started: str, say: Printer,
+                      extra_problems: Sequence[str] = ()) -> tuple[int, str | None]:
+    """The gate's verdict on what the run directory holds, the four reports (written first), the
+    history's record, and the console's summary: (exit code, why the history failed, if it did)."""
+    read = results.read_all(run_dir)
+    all_results = read.results
+    outcome = gate.decide(chosen.cells, chosen.not_here, all_results, loaded.policy, dt.date.today(),
+                          (*read.problems, *extra_problems))
+    report = RunReport(
+        run_id=run_id, matrix=loaded.spec.name, channel=loaded.spec.channel, started=started, finished=now(),
+        gate=outcome, gating_exit_code=loaded.policy.inconclusive_exit_code, cells=chosen.cells,
+        results=all_results, not_here=chosen.not_here, pruned=chosen.pruned,
+        diffs=stack_diffs(chosen.cells, all_results), options=opts.describe(),
+        trends={}, host_probe=_manifest_probe(run_dir), power=_power(opts, loaded, outcome, chosen.cells),
+    )
+    code = exit_code(report)
+    history_error = None
+    try:  # the reports go to disk first: a broken history database never costs the report
+        report = replace(report, trends=history.trends(opts.history, channel=loaded.spec.channel,
+                                                        matrix=loaded.spec.name,
+                                                        current=(run_id, list(all_results.values()))),
+                         nightly=_nightly_marks(opts, loaded, run_id, outcome.verdict.decision.value))
+    except (sqlite3.Error, OSError) as exc:
+        history_error = f"cannot read the history database {opts.history}: {exc}"
+    write_reports(report, run_dir, code, env.get("GITHUB_STEP_SUMMARY"))
+    try:
+        history.record(opts.history, run_id=run_id, matrix=loaded.spec.name, channel=loaded.spec.channel,
+                       started=started, finished=report.finished, decision=outcome.verdict.decision.value,
+                       verdict=report.gating_verdict, candidate=", ".join(str(v) for v in loaded.torch),
+                       results=list(all_results.values()), summary=counts(report))
+    except (sqlite3.Error, OSError) as exc:
+        history_error = history_error or f"cannot record the run in the history database {opts.history}: {exc}"
+    say(f"\n{outcome.verdict.decision.value} (gating verdict {report.gating_verdict}, exit {code})")
+    for line in why_lines(outcome.verdict):
+        say(line)
+    known = outcome.evidence.preexisting
+    if known:
+        counted = "not blocking" if loaded.policy.preexisting_failures == "go" else "INCONCLUSIVE by the policy"
+        say(f"pre-existing failures ({len(known)}: they fail in production too, so the upgrade did not cause them; "
+            f"{counted}):")
+        for k in known[:5]:
+            say(f"  - {k.cell} {k.test}: candidate {k.candidate[:120]}; production {k.production[:120]}")
+        if len(known) > 5:
+            say(f"  ... and {len(known) - 5} more in report.md")
+    say(f"reports: {run_dir}/report.md report.json junit.xml report.html")
+    return code, history_error
+
+
+def _power(opts: Options, loaded: Loaded, outcome: GateOutcome, cells: Sequence[Cell]) -> dict[str, Any]:
+    """What the gate can detect, per gated comparison, from the pool's calibration (if any)."""
+    from stackgate import calibrate as cal
+    pools = {c.id: c.pool.name for c in cells}
+    out: dict[str, Any] = {}
+    try:
+        noise = {p: history.calibration(opts.history, p) for p in set(pools.values())}
+    except (sqlite3.Error, OSError):
+        return out
+    # a performance NO-GO rests on at least `confirm_repeats` runs: a regression seen over fewer is confirmed
+    runs = max(loaded.policy.repeats, loaded.policy.confirm_repeats)
+    for comparison in outcome.evidence.comparisons:
+        sigma = noise.get(pools.get(comparison.cell, ""), {}).get(comparison.metric)
+        if not comparison.gated or sigma is None:
+            continue
+        tol = comparison.comparison.tolerance
+        out[f"{comparison.cell} {comparison.metric}"] = {
+            "sigma": round(sigma, 6), "repeats": runs, "tolerance": tol,
+            "detects": round(cal.detectable(sigma, runs, tol, loaded.policy.confidence), 4)}
+    return out
+
+
+def _nightly_marks(opts: Options, loaded: Loaded, run_id: str, decision: str) -> dict[str, str]:
+    """For the nightly channel: the last green nightly and the first red one after it, counting
+    this run (recorded after the reports are written)."""
+    if loaded.spec.channel != "nightly":
+        return {}
+    this = ", ".join(str(v) for v in loaded.torch)
+    marks = [m for m in history.nightlies(opts.history, loaded.spec.name) if m.version != this]
+    green, red = history.standing([*marks, history.Nightly(this, run_id, decision, now())])
+    out = {}
+    if green is not None:
+        out["last_green"] = f"{green.version} (run {green.run_id})"
+    if red is not None:
+        out["first_red_after"] = f"{red.version} (run {red.run_id})"
+    return out
+
+
+def _manifest_probe(run_dir: Path) -> dict[str, Any]:
+    try:
+        found = bundle.read_manifest(run_dir).get("host_probe") or {}
+    except ConfigError:
+        return {}
+    return dict(found) if isinstance(found, dict) else {}
+
+
+def why_lines(verdict: Verdict, limit: int = 10) -> list[str]:
+    """The reasons that decided the verdict (blocking for NO-GO, inconclusive for INCONCLUSIVE):
+    the first `limit`, and how many more the report has."""
+    severity = {Decision.NO_GO: Severity.BLOCKING, Decision.INCONCLUSIVE: Severity.INCONCLUSIVE}.get(verdict.decision)
+    if severity is None:
+        return []
+    deciding = [r for r in verdict.reasons if r.severity is severity]
+    lines = [f"why ({len(deciding)} {severity.value} reason(s)):"]
+    for reason in deciding[:limit]:
+        where = " ".join(x for x in (reason.cell, reason.test) if x)
+        lines.append(f"  - [{reason.kind}] {where}: {reason.message[:300]}" if where
+                     else f"  - [{reason.kind}] {reason.message[:300]}")
+    if len(deciding) > limit:
+        lines.append(f"  ... and {len(deciding) - limit} more in report.md")
+    return lines
+
+
+def exit_code(report: RunReport) -> int:
+    if any(r.status.is_machinery for r in report.results.values()):
+        return int(ExitCode.INFRA)  # the run could not decide; `--resume` retries those cells
+    decision = report.gate.verdict.decision.value
+    if decision == "GO":
+        return int(ExitCode.GO)
+    if decision == "NO-GO":
+        return int(ExitCode.NO_GO)
+    return report.gating_exit_code
+
+
+def write_reports(report: RunReport, run_dir: Path, code: int, step_summary: str | None) -> None:
+    """Each report atomically (a report is whole or absent); a full disk is one line of exit 3."""
+    writers: tuple[tuple[str, Callable[[Path], None]], ...] = (
+        ("report.json", lambda p: json_report.write(report, p, code)),
+        ("report.md", lambda p: markdown.write(report, p, step_summary)),
+        ("junit.xml", lambda p: junit.write(report, p)),
+        ("report.html", lambda p: html_report.write(report, p)))
+    for name, write in writers:
+        try:
+            write(run_dir / name)
+        except OSError as exc:
+            raise errors.disk_full(run_dir / name, exc) from None
+
+
+@contextlib.contextmanager
+def signals_held() -> Iterator[None]:
+    """After an interrupt, a second Ctrl-C or SIGTERM must not cut the report short."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    saved = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)

@@ -1,0 +1,111 @@
+"""Pure planning of the attempts after the main runs: each candidate's rollback, the interleaved
+repeats of the performance-gated tests, and their confirmation. Nothing here runs anything: each
+function returns attempts (or the tests they select) from the results recorded so far."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+
+from stackgate import gate
+from stackgate.model import ROLLBACK, Cell, CellResult, Role, repeat
+from stackgate.policy import Policy
+from stackgate.runner import Attempt
+
+WHOLE_SUITE = "*"
+Selection = dict[str, tuple[str, ...]]  # cell id -> the tests to repeat (WHOLE_SUITE: all of them)
+
+
+def gated_keys(cell: Cell, found: Sequence[CellResult], policy: Policy) -> set[str]:
+    """The metrics the policy gates by their samples (not thresholds) on this cell's device."""
+    return {m.key for result in found for m in result.metrics if m.better != "equal"
+            and (rule := policy.metric_rule(m.name, dict(m.tags), cell.device)) is not None
+            and rule.method != "threshold"}
+
+
+def gated_tests(cell: Cell, found: Sequence[CellResult], policy: Policy) -> tuple[str, ...]:
+    """The tests that recorded the metrics the policy gates by their samples on this cell's device."""
+    return tests_of(gated_keys(cell, found, policy), found)
+
+
+def tests_of(keys: Collection[str], found: Sequence[CellResult]) -> tuple[str, ...]:
+    """The tests that recorded these metrics (the whole suite when a suite does not say which test did)."""
+    nodeids = set()
+    for result in found:
+        for m in result.metrics:
+            if m.key in keys:
+                if not m.nodeid:
+                    return (WHOLE_SUITE,)
+                nodeids.add(m.nodeid)
+    return tuple(sorted(nodeids))
+
+
+def merge_tests(a: Sequence[str], b: Sequence[str]) -> tuple[str, ...]:
+    """Both selections of tests to repeat: the whole suite when either is."""
+    both = {*a, *b}
+    return (WHOLE_SUITE,) if WHOLE_SUITE in both else tuple(sorted(both))
+
+
+def repeat_order(cells: Sequence[Cell], by_id: Mapping[str, Cell], rounds: range) -> list[tuple[int, Cell]]:
+    """Interleaved, pair by pair, and counterbalanced: odd repeats run the candidates first, even ones
+    production first (the main run is P C), so P C | C P | P C ... : drift on the runner hits both sides,
+    and so does whatever favours the first (or second) run of a pair."""
+    order = []
+    bases = [c for c in cells if c.role is Role.PRODUCTION]
+    for r in rounds:
+        for base in bases:
+            group = [(r, base)] + [(r, c) for c in cells if c.role is Role.CANDIDATE and by_id.get(c.baseline) is base]
+            order += group[1:] + group[:1] if r % 2 else group
+    return order
+
+
+def rollbacks(cells: Sequence[Cell], by_id: Mapping[str, Cell], finished: Mapping[str, CellResult]) -> list[Attempt]:
+    """Production reading each candidate's artifacts: for every candidate that ran its suite (and so
+    wrote them)."""
+    out = []
+    for cand in cells:
+        base = by_id.get(cand.baseline)
+        ran = finished.get(cand.id)
+        if cand.role is Role.CANDIDATE and base is not None and ran is not None and ran.status.ran_suite:
+            out.append(Attempt(base, ROLLBACK, against=cand))
+    return out
+
+
+def pairs_that_ran(cells: Sequence[Cell], finished: Mapping[str, CellResult]) -> list[Cell]:
+    """The candidates whose main run and whose production partner's both ran their suite."""
+    ran = {c.id for c in cells if c.id in finished and finished[c.id].status.ran_suite}
+    return [c for c in cells if c.role is Role.CANDIDATE and c.id in ran and c.baseline in ran]
+
+
+def repeat_selection(pairs: Sequence[Cell], finished: Mapping[str, CellResult], policy: Policy) -> Selection:
+    """What the interleaved repeats run: each pair's performance-gated tests."""
+    return with_baselines({p: gated_tests(p, [finished[p.id], finished[p.baseline]], policy) for p in pairs})
+
+
+def unsettled(pairs: Sequence[Cell], by_id: Mapping[str, Cell], finished: Mapping[str, CellResult],
+              policy: Policy) -> tuple[Selection, dict[str, dict[str, str]]]:
+    """What confirmation runs, and why: the tests of the gated metrics that the runs so far cannot
+    settle (cell id -> metric -> the reason)."""
+    why = {p.id: gate.unsettled(p, by_id[p.baseline], finished, policy) for p in pairs}
+    return with_baselines({p: tests_of(why[p.id], [finished[p.id], finished[p.baseline]]) for p in pairs}), why
+
+
+def with_baselines(per_candidate: Mapping[Cell, tuple[str, ...]]) -> Selection:
+    """Cell id -> tests to repeat: each candidate's own, and for each production cell what any of its
+    candidates needs (the pairs stay pairs)."""
+    select: Selection = {}
+    for cand, tests in per_candidate.items():
+        if tests:
+            select[cand.id] = tests
+            select[cand.baseline] = merge_tests(select.get(cand.baseline, ()), tests)
+    return select
+
+
+def listed(select: Mapping[str, tuple[str, ...]]) -> str:
+    return ", ".join(sorted({t for tests in select.values() for t in tests}))
+
+
+def repeat_attempts(cells: Sequence[Cell], by_id: Mapping[str, Cell], select: Mapping[str, tuple[str, ...]],
+                    rounds: range) -> list[Attempt]:
+    """`rounds` of the selected tests, counterbalanced (see `repeat_order`)."""
+    return [Attempt(cell, repeat(r), select=() if select[cell.id] == (WHOLE_SUITE,) else select[cell.id])
+            for r, cell in repeat_order([c for c in cells if c.id in select], by_id, rounds)]

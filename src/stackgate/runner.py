@@ -1,0 +1,245 @@
+"""One way through a run's cells. A `Runner` executes `Attempt`s: the main cells, the rollbacks, the
+repeats, their confirmation and a calibration's A/A runs are lists of attempts, not loops of their
+own. It holds the one cache of environments, the one rule for what a resumed run keeps, the
+progress lines, the artifacts each phase reads and writes, and the results file. Only this module
+calls a backend's `execute` (in `run_cell`)."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import secrets
+import shutil
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from stackgate import resolve, results
+from stackgate.backends.base import Backend, EnvHandle, Execution, PrepareFailed
+from stackgate.console import Console, Printer
+from stackgate.errors import InfraError
+from stackgate.model import MAIN, Cell, CellResult, Phase, PhaseKind, Role, Status
+from stackgate.plan import plan_envs
+from stackgate.suite import ATTEMPT_PREFIX, NodeExit, RunContext, build_result, node_commands
+
+
+@dataclass(frozen=True)
+class Unprepared:
+    """A stack that has no environment because the machinery failed (an index out of reach, the
+    engine gone): its cells are infra errors, never a verdict on the stack."""
+
+    reason: str
+
+
+Handle = EnvHandle | PrepareFailed | Unprepared
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One run of one cell: its phase, the candidate a rollback reads (`against`), and which tests
+    (`select`: None for the run's own `--test` selection, () for the whole suite)."""
+
+    cell: Cell
+    phase: Phase = MAIN
+    against: Cell | None = None
+    select: tuple[str, ...] | None = None
+
+    @property
+    def result_id(self) -> str:
+        return self.cell.result_id(self.phase, self.against)
+
+
+class Progress:
+    """One line per test result while a cell runs: which cell, which test, elapsed time."""
+
+    _RESULT = re.compile(r"^(\S+::\S+)\s+(PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS)")
+
+    def __init__(self, say: Printer) -> None:
+        self.say = say
+        self.cell = ""
+        self.start = time.monotonic()
+
+    def begin(self, cell: str) -> None:
+        self.cell, self.start = cell, time.monotonic()
+
+    def line(self, text: str) -> None:
+        m = self._RESULT.match(text)
+        if m:
+            elapsed = time.monotonic() - self.start
+            self.say(f"  [{self.cell} {int(elapsed) // 60:02d}:{int(elapsed) % 60:02d}] {m.group(1)} {m.group(2)}")
+
+
+def run_cell(backend: Backend, cell: Cell, handle: EnvHandle, ctx: RunContext) -> CellResult:
+    """One cell on any backend: the suite's node plan, executed invocation by invocation (the nodes
+    of each at the same time) under one deadline, then collected into a CellResult."""
+    workdir, shared = ctx.fresh_cell_dir(cell)
+    tag = hashlib.sha1(f"{ctx.run_id}/{ctx.result_id(cell)}/{secrets.token_hex(4)}".encode()).hexdigest()[:10]
+    exe = Execution(cell, workdir, ctx.artifacts_dir(cell), shared, ctx.suite.path.resolve(), tag, ctx.on_line)
+    # this attempt's JUnit and records go where only it writes: a process of a killed attempt that is
+    # still alive writes into a directory that is gone or never read, not into this attempt's evidence
+    evidence = workdir / f"{ATTEMPT_PREFIX}{tag}"
+    evidence.mkdir()
+    base_layout = backend.layout(handle, exe)
+    layout = replace(base_layout, out=base_layout.out / evidence.name)
+    start = time.monotonic()
+    deadline = start + ctx.suite.timeout_s
+    exits: list[NodeExit] = []
+    for group in node_commands(cell, ctx, layout):
+        exits += backend.execute(handle, group, deadline, exe)
+    extra = {**backend.describe(handle), **({"refused_links": list(ctx.refused_links)} if ctx.refused_links else {})}
+    return build_result(cell, exits, evidence, time.monotonic() - start, ctx, extra_env=extra)
+
+
+class Runner:
+    """Executes attempts at `cells` on `backend`, recording each result in the run directory."""
+
+    def __init__(self, backend: Backend, ctx: RunContext, console: Console, cells: Sequence[Cell],
+                 resolutions: Mapping[str, resolve.Resolution] | None = None) -> None:
+        self.backend = backend
+        self.console = console
+        self.progress = Progress(console.say)
+        self.ctx = replace(ctx, on_line=self.progress.line)
+        self.by_id = {c.id: c for c in cells}
+        self._plans = {p.stack.content_hash: p for p in plan_envs(cells)}
+        self._resolutions = resolutions or {}
+        self._handles: dict[str, Handle] = {}
+        self.log_dir = ctx.run_dir / "build"
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+
+    def environment(self, cell: Cell) -> Handle:
+        """The cell's stack's environment, prepared once per run (a failure too is kept, and said once)."""
+        key = cell.stack.content_hash
+        if key in self._handles:
+            return self._handles[key]
+        say = self.console.say
+        plan = self._plans[key]
+        resolution = self._resolutions.get(key)
+        if resolution is not None and not resolution.ok:
+            say(f"  {plan.stack.label}: infrastructure problem: {resolution.problem}")
+            self._handles[key] = Unprepared(resolution.problem)
+            return self._handles[key]
+        say(f"prepare {self.backend.name} env for {plan.stack.label} ({len(plan.cells)} cell(s))")
+        handle: Handle
+        try:
+            with self.console.step(f"prepare {plan.stack.label}"):
+                handle = self.backend.prepare(plan.stack, self.log_dir / f"{plan.stack.label}.log")
+            say(f"  {'reused' if handle.reused else 'built'} {handle.ref} in {handle.prepare_s:.1f}s")
+        except PrepareFailed as exc:
+            say(f"  FAILED: {exc}")
+            handle = exc
+        except InfraError as exc:  # every backend: the machinery, not the stack
+            say(f"  infrastructure problem: {exc}")
+            handle = Unprepared(str(exc) + (f" ({exc.hint})" if exc.hint else ""))
+        self._handles[key] = handle
+        self.ctx.mask.scrub(self.log_dir)  # the installer's log, once per environment
+        return handle
+
+    def run(self, attempts: Iterable[Attempt], *, say_skipped: bool = False) -> None:
+        """Each attempt that is not recorded yet: a resumed run keeps what it finished and retries what
+        the machinery failed. A stack without an environment is recorded once, by its main run; the
+        attempts after it are not made."""
+        recorded = results.read(self.ctx.run_dir)
+        for attempt in attempts:
+            earlier = recorded.get(attempt.result_id)
+            if earlier is not None and not earlier.status.is_machinery:
+                if say_skipped:
+                    self.console.say(f"skip {attempt.result_id}: finished in the resumed run ({earlier.status.value})")
+                continue
+            handle = self.environment(attempt.cell)
+            if attempt.phase != MAIN and not isinstance(handle, EnvHandle):
+                continue
+            self.attempt(attempt, handle)
+
+    def attempt(self, attempt: Attempt, handle: Handle | None = None, *, step: str = "") -> CellResult:
+        """Make one attempt now and record its result."""
+        handle = handle if handle is not None else self.environment(attempt.cell)
+        with self.console.step(step or f"run {attempt.result_id}"):
+            result = self._execute(attempt.cell, handle, self.context(attempt))
+        results.append(self.ctx.run_dir, result)
+        return result
+
+    def context(self, attempt: Attempt) -> RunContext:
+        """The attempt's context; what it reads and writes across versions is the phase's rule: the main
+        run and the repeats use the cell's own directory (a candidate's holds a copy of what production
+        wrote), a rollback the directory of the candidate it reads, an A/A run the pool's."""
+        ctx = replace(self.ctx, phase=attempt.phase, against=attempt.against,
+                      select=self.ctx.select if attempt.select is None else attempt.select, refused_links=())
+        kind = attempt.phase.kind
+        if kind is PhaseKind.ROLLBACK and attempt.against is not None:
+            return replace(ctx, artifacts=artifacts_dir(ctx.run_dir, attempt.against))
+        if kind is PhaseKind.AA:
+            return replace(ctx, artifacts=artifacts_dir(ctx.run_dir, attempt.cell) if attempt.phase.round == 0 else None)
+        target = artifacts_dir(ctx.run_dir, attempt.cell)
+        target.mkdir(parents=True, exist_ok=True)
+        base = self.by_id.get(attempt.cell.baseline)
+        refused: tuple[str, ...] = ()
+        if attempt.cell.role is Role.CANDIDATE and base is not None:
+            written = artifacts_dir(ctx.run_dir, base) / "production"
+            if written.is_dir():
+                refused = copy_artifacts(written, target / "production", ctx.run_dir)
+        return replace(ctx, artifacts=target, refused_links=refused)
+
+    def _execute(self, cell: Cell, handle: Handle, ctx: RunContext) -> CellResult:
+        say = self.console.say
+        label = ctx.result_id(cell)
+
+        def did_not_run(status: Status, reason: str, log_tail: str = "") -> CellResult:
+            return CellResult(cell_id=label, role=cell.role, status=status, reason=reason, log_tail=log_tail,
+                              cell=cell.to_json(), phase=ctx.phase, against=ctx.against.id if ctx.against else "")
+
+        if isinstance(handle, Unprepared):
+            return ctx.mask.result(did_not_run(Status.INFRA_ERROR, handle.reason))
+        if isinstance(handle, PrepareFailed):
+            return ctx.mask.result(did_not_run(Status.BUILD_FAILED, str(handle), handle.log_tail))
+        say(f"run {label}")
+        self.progress.begin(label)
+        try:
+            result = run_cell(self.backend, cell, handle, ctx)
+        except InfraError as exc:
+            result = did_not_run(Status.INFRA_ERROR, str(exc))
+        environment = {**result.environment, "env_reused": handle.reused, "env_prepare_s": round(handle.prepare_s, 1)}
+        if "packages" not in environment and handle.sbom.get("packages"):  # the environment's own SBOM
+            environment["packages"] = handle.sbom["packages"]
+        if ctx.suite_deps:
+            environment["suite_requirements"] = ctx.suite_deps
+        result = ctx.mask.result(replace(result, environment=environment))
+        cell_dir = ctx.run_dir / "cells" / label
+        for folder in (cell_dir, *cell_dir.glob(f"{ATTEMPT_PREFIX}*")):  # what the nodes and pytest wrote there
+            ctx.mask.scrub(folder)
+        say(f"  {label}: {result.status.value} in {result.duration_s:.0f}s {result.reason[:200]}")
+        return result
+
+
+def artifacts_dir(run_dir: Path, cell: Cell) -> Path:
+    """Cross-version artifacts, one directory per candidate stack: production's main run writes
+    `<pool>-<topology>/production-main/production/`; each candidate gets `<pool>-<topology>/<label>/`
+    with a copy of production's artifacts to read and its own `candidate/` to write; that
+    candidate's rollback (production reading it) uses the same directory."""
+    pool, topo = cell.comparison_key
+    group = run_dir / "artifacts" / f"{pool}-{topo}"
+    if cell.role is Role.PRODUCTION:
+        return group / "production-main"
+    return group / cell.stack.label
+
+
+def copy_artifacts(source: Path, target: Path, run_dir: Path) -> tuple[str, ...]:
+    """Copy what production wrote for a candidate to read, never following a link out of the run
+    directory (a test could leave one to /etc/passwd, and the bundle would hold a copy of it): such a
+    link is not copied, and is returned ("<path> -> <where it points>") as evidence that cannot be used."""
+    refused: list[str] = []
+    inside = run_dir.resolve()
+
+    def ignore(folder: str, names: list[str]) -> set[str]:
+        skip = set()
+        for name in names:
+            path = Path(folder) / name
+            if path.is_symlink():
+                where = path.resolve()
+                if where != inside and inside not in where.parents:
+                    refused.append(f"{path.relative_to(source)} -> {path.readlink()}")
+                    skip.add(name)
+        return skip
+
+    shutil.copytree(source, target, dirs_exist_ok=True, symlinks=True, ignore=ignore)
+    return tuple(refused)
