@@ -137,7 +137,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         from stackgate.commands.dry_run import dry_run
         from stackgate.commands.run import run
         cli = {k: v for k, v in vars(args).items() if k not in ("command", "dry_run")}
-        opts = options.resolve(cli, os.environ, Path("stackgate.toml"))
+        opts = options.read(cli, os.environ, Path("stackgate.toml"))
         if args.dry_run:
             return dry_run(opts, dict(os.environ))
         return run(opts, dict(os.environ))
@@ -147,12 +147,12 @@ def _dispatch(args: argparse.Namespace) -> int:
         if args.out:
             out = Path(args.out).absolute()
             cli.update(reports=str(out.parent), run_id=out.name)
-        opts = options.resolve(cli, os.environ, Path("stackgate.toml"))
+        opts = options.read(cli, os.environ, Path("stackgate.toml"))
         return merge(opts, dict(os.environ), [Path(b).absolute() for b in args.bundles])
     if args.command == "bisect":
         from stackgate import bisect
         cli = {k: v for k, v in vars(args).items() if k not in ("command", "good", "bad", "resume")}
-        opts = options.resolve({**cli, "matrix": cli.get("matrix") or "nightly"}, os.environ, Path("stackgate.toml"))
+        opts = options.read({**cli, "matrix": cli.get("matrix") or "nightly"}, os.environ, Path("stackgate.toml"))
         return bisect.run(opts, dict(os.environ), good=args.good, bad=args.bad, resume=args.resume)
     if args.command == "calibrate":
         from stackgate.commands.calibrate import calibrate
@@ -164,7 +164,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         if not 0 <= allow < args.target:
             raise ConfigError(f"--allow {allow}: the change that must pass must be >= 0 and below --target {args.target}")
         cli = {k: v for k, v in vars(args).items() if k not in ("command", "runs", "target", "allow")}
-        opts = options.resolve(cli, os.environ, Path("stackgate.toml"))
+        opts = options.read(cli, os.environ, Path("stackgate.toml"))
         return calibrate(opts, dict(os.environ), runs=args.runs, target=args.target, allow=allow)
     if args.command == "ci":
         return _ci_github(args)
@@ -186,7 +186,7 @@ def _dispatch(args: argparse.Namespace) -> int:
 
 def _compat_refresh(args: argparse.Namespace) -> int:
     from stackgate import compat, compat_refresh
-    from stackgate.bundled import MATRIX_DIR
+    from stackgate.shipped import MATRIX_DIR
     path = Path(args.compat_file).absolute() if args.compat_file else MATRIX_DIR / "compat.toml"
     table = compat.load_compat(path)
     rows = compat_refresh.derive(compat_refresh.list_torch_wheels(args.index), args.series)
@@ -211,7 +211,7 @@ def _compat_refresh(args: argparse.Namespace) -> int:
 
 def _compat_check(args: argparse.Namespace) -> int:
     from stackgate import compat
-    from stackgate.bundled import MATRIX_DIR
+    from stackgate.shipped import MATRIX_DIR
     table = compat.load_compat(Path(args.compat_file).absolute() if args.compat_file else MATRIX_DIR / "compat.toml")
     result = compat.check_strings(table, torch=args.torch, cuda=args.cuda, driver=args.driver, python=args.python,
                                   gpu_class=args.gpu_class, compat_package=args.compat_package)
@@ -228,14 +228,14 @@ def _compat_check(args: argparse.Namespace) -> int:
 def _matrix_show(args: argparse.Namespace) -> int:
     from stackgate import compat, matrix, sources
     from stackgate.versions import parse_torch
-    opts = options.resolve({"matrix": args.file, "config_dir": args.config_dir}, {}, None)
+    opts = options.read({"matrix": args.file, "config_dir": args.config_dir}, {}, None)
     cfg = opts.config_dir
     table = compat.load_compat(cfg / "compat.toml")
     spec = matrix.load_matrix(opts.matrix)
     production = matrix.load_production(cfg / "production.toml")
     pools = fleet.load_pools(cfg / "fleet.toml", fleet.detect_local())
     wanted = [args.candidate] if args.candidate else list(spec.torch)
-    torches = [sources.resolve_nightly(spec.source, sources.read_pip_config(dict(os.environ)),
+    torches = [sources.newest_nightly(spec.source, sources.read_pip_config(dict(os.environ)),
                                        target=matrix.wheel_target(spec)) if t == "nightly"
                else parse_torch(t) for t in wanted]
     exp = matrix.select(matrix.expand(spec, pools, production, table, torch_versions=torches), args.only)
@@ -330,7 +330,7 @@ def _prune(args: argparse.Namespace) -> int:
 
 def _ci_github(args: argparse.Namespace) -> int:
     from stackgate import ci, matrix
-    from stackgate.bundled import MATRIX_DIR
+    from stackgate.shipped import MATRIX_DIR
     cfg = Path(args.config_dir).absolute() if args.config_dir else (
         Path("matrix").absolute() if Path("matrix", "fleet.toml").is_file() else MATRIX_DIR)
     pools = fleet.load_pools(cfg / "fleet.toml", fleet.LocalHost())

@@ -13,12 +13,12 @@ from packaging.version import Version
 
 from stackgate import bundle, fleet, matrix, sources, suite_deps
 from stackgate import compat as compat_mod
-from stackgate.bundled import BUNDLED_SUITE
 from stackgate.console import Printer
 from stackgate.errors import ConfigError
 from stackgate.model import RunnerPool, WheelSource
 from stackgate.options import Options, parse_shard
 from stackgate.policy import Policy, load_for_suite
+from stackgate.shipped import BUNDLED_SUITE
 from stackgate.suite import PLATFORM_CHECKS, SuiteSpec
 from stackgate.suite_deps import SuiteDeps
 from stackgate.versions import parse_torch
@@ -66,7 +66,7 @@ def load(opts: Options, env: Mapping[str, str], local: fleet.LocalHost) -> Loade
     versions = []
     for text in wanted:
         if text == "nightly":
-            versions.append(sources.resolve_nightly(source, host_pip, opts.nightly_version, matrix.wheel_target(spec)))
+            versions.append(sources.newest_nightly(source, host_pip, opts.nightly_version, matrix.wheel_target(spec)))
         else:
             versions.append(parse_torch(text, what="candidate torch version"))
     for v in versions:

@@ -1,4 +1,4 @@
-"""Every option declared once, typed: the `Settings` fields. From that one declaration come the
+"""Every option declared once, typed: the `Options` fields. From that one declaration come the
 command-line arguments (`add_arguments`), the cascade defaults < stackgate.toml [run] <
 STACKGATE_* environment < command line (`resolve`, which records where each value came from, so
 the report can show it), and the type checker's view of every option.
@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stackgate import bundled, tomlfile
+from stackgate import shipped, tomlfile
 from stackgate.errors import ConfigError
 
 
@@ -107,7 +107,7 @@ def opt(default: Any, parse: Callable[[Any], Any], help: str, *, commands: tuple
 
 
 @dataclass(frozen=True)
-class Settings:
+class Options:
     """The resolved options of a command. Path options are absolute; `sources` says, per option,
     where its value came from (default, stackgate.toml, environment, command line)."""
 
@@ -211,12 +211,9 @@ def _plain(value: Any) -> Any:
     return value
 
 
-Options = Settings  # the name the pipeline has always used
-
-
 def declared(command: str | None = None) -> list[dataclasses.Field[Any]]:
     """The declared options (of one command)."""
-    return [f for f in dataclasses.fields(Settings) if not f.metadata.get("internal")
+    return [f for f in dataclasses.fields(Options) if not f.metadata.get("internal")
             and (command is None or command in f.metadata["commands"])]
 
 
@@ -245,8 +242,8 @@ def absolute(path: Path, base: Path) -> Path:
     return Path(os.path.normpath(base / path.expanduser()))
 
 
-def resolve(cli: Mapping[str, Any], env: Mapping[str, str], project_file: Path | None = None,
-            cwd: Path | None = None) -> Settings:
+def read(cli: Mapping[str, Any], env: Mapping[str, str], project_file: Path | None = None,
+         cwd: Path | None = None) -> Options:
     """Every path option comes out absolute: relative values on the command line or in the
     environment are taken against `cwd`, those in stackgate.toml against that file's directory.
     Nothing downstream (a bind mount, a subprocess cwd) ever sees a relative path."""
@@ -294,20 +291,20 @@ def resolve(cli: Mapping[str, Any], env: Mapping[str, str], project_file: Path |
         elif f.metadata["parse"] is _paths:
             values[name] = tuple(absolute(v, bases.get(name, cwd)) for v in values[name])
     if values["config_dir"] is None:
-        values["config_dir"] = bundled.MATRIX_DIR
+        values["config_dir"] = shipped.MATRIX_DIR
     if values["history"] is None:
         values["history"] = values["reports"] / "history.sqlite"
-    return Settings(**values, sources=sources)
+    return Options(**values, sources=sources)
 
 
 def bundled_matrix(value: Path | None, base: Path) -> Path:
     """None -> the bundled upgrade.toml; a bare name that is no file here ("nightly") -> the bundled one."""
     if value is None:
-        return bundled.MATRIX_DIR / "upgrade.toml"
+        return shipped.MATRIX_DIR / "upgrade.toml"
     if len(value.parts) == 1 and not (base / value).exists():
         name = value.name if value.suffix == ".toml" else f"{value.name}.toml"
-        if (bundled.MATRIX_DIR / name).is_file():
-            return bundled.MATRIX_DIR / name
+        if (shipped.MATRIX_DIR / name).is_file():
+            return shipped.MATRIX_DIR / name
     return value
 
 

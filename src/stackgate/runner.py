@@ -75,7 +75,7 @@ def run_cell(backend: Backend, cell: Cell, handle: EnvHandle, ctx: RunContext) -
     of each at the same time) under one deadline, then collected into a CellResult."""
     workdir, shared = ctx.fresh_cell_dir(cell)
     tag = hashlib.sha1(f"{ctx.run_id}/{ctx.result_id(cell)}/{secrets.token_hex(4)}".encode()).hexdigest()[:10]
-    exe = Execution(cell, workdir, ctx.artifacts_dir(cell), shared, ctx.suite.path.resolve(), tag, ctx.on_line)
+    exe = Execution(cell, workdir, ctx.artifacts_of(cell), shared, ctx.suite.path.resolve(), tag, ctx.on_line)
     # this attempt's JUnit and records go where only it writes: a process of a killed attempt that is
     # still alive writes into a directory that is gone or never read, not into this attempt's evidence
     evidence = workdir / f"{ATTEMPT_PREFIX}{tag}"
@@ -167,15 +167,15 @@ class Runner:
                       select=self.ctx.select if attempt.select is None else attempt.select, refused_links=())
         kind = attempt.phase.kind
         if kind is PhaseKind.ROLLBACK and attempt.against is not None:
-            return replace(ctx, artifacts=artifacts_dir(ctx.run_dir, attempt.against))
+            return replace(ctx, artifacts=stack_artifacts(ctx.run_dir, attempt.against))
         if kind is PhaseKind.AA:
-            return replace(ctx, artifacts=artifacts_dir(ctx.run_dir, attempt.cell) if attempt.phase.round == 0 else None)
-        target = artifacts_dir(ctx.run_dir, attempt.cell)
+            return replace(ctx, artifacts=stack_artifacts(ctx.run_dir, attempt.cell) if attempt.phase.round == 0 else None)
+        target = stack_artifacts(ctx.run_dir, attempt.cell)
         target.mkdir(parents=True, exist_ok=True)
         base = self.by_id.get(attempt.cell.baseline)
         refused: tuple[str, ...] = ()
         if attempt.cell.role is Role.CANDIDATE and base is not None:
-            written = artifacts_dir(ctx.run_dir, base) / "production"
+            written = stack_artifacts(ctx.run_dir, base) / "production"
             if written.is_dir():
                 refused = copy_artifacts(written, target / "production", ctx.run_dir)
         return replace(ctx, artifacts=target, refused_links=refused)
@@ -211,7 +211,7 @@ class Runner:
         return result
 
 
-def artifacts_dir(run_dir: Path, cell: Cell) -> Path:
+def stack_artifacts(run_dir: Path, cell: Cell) -> Path:
     """Cross-version artifacts, one directory per candidate stack: production's main run writes
     `<pool>-<topology>/production-main/production/`; each candidate gets `<pool>-<topology>/<label>/`
     with a copy of production's artifacts to read and its own `candidate/` to write; that

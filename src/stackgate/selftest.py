@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from stackgate import bundled, gate
+from stackgate import gate, shipped
 from stackgate.evidence import GateOutcome
 from stackgate.model import (
     MAIN,
@@ -92,7 +92,7 @@ def _gpu_spread(metric: Metric) -> Metric:
 
 def recorded(device: str = "cpu") -> Recorded:
     """The clean pair on a `device` pool: the candidate's tests, production's metric values."""
-    text = bundled.resource(*RECORDING).read_text()
+    text = shipped.resource(*RECORDING).read_text()
     rows = [CellResult.from_json(json.loads(line)) for line in text.splitlines() if line.strip()]
     main = [r for r in rows if r.phase == MAIN]
     prod_r = next(r for r in main if r.role is Role.PRODUCTION)
@@ -129,7 +129,7 @@ def _scale(name: str, factor: float) -> Callable[[CellResult], CellResult]:
 
 
 def _transport_fallback(result: CellResult) -> CellResult:
-    sys.path.insert(0, str(bundled.BUNDLED_SUITE))
+    sys.path.insert(0, str(shipped.BUNDLED_SUITE))
     import nccl_log  # type: ignore[import-not-found]  # the suite's own parser, applied to a captured NCCL log
     ok, why = nccl_log.parse(NCCL_SOCKET_LOG).matches("efa")
     if ok:
@@ -183,7 +183,7 @@ def run_case(case: Case, policy: Policy, today: dt.date) -> tuple[bool, GateOutc
 
 
 def main(*, as_json: bool = False, policy_path: Path | None = None) -> int:
-    policy = load_policy(policy_path or bundled.MATRIX_DIR / "policy.toml")
+    policy = load_policy(policy_path or shipped.MATRIX_DIR / "policy.toml")
     rows = []
     for case in CASES:
         ok, outcome = run_case(case, policy, dt.date.today())

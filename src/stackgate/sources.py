@@ -204,8 +204,8 @@ def torch_versions(names: Iterable[str], target: Target | None = None) -> list[V
     return sorted(found)
 
 
-def resolve_nightly(source: WheelSource, host: PipConfig, explicit: str | None = None,
-                    target: Target | None = None) -> Version:
+def newest_nightly(source: WheelSource, host: PipConfig, explicit: str | None = None,
+                   target: Target | None = None) -> Version:
     """The newest `.dev` torch the source offers for the target (Python tag, platform, CUDA
     variant), or the explicit `--nightly-version`. A newer build for another Python or platform is
     never picked."""

@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stackgate.bundled import BUNDLED_SUITE
 from stackgate.installer import is_disk_full  # the installers' rule serves the nodes' output too
 from stackgate.masking import Masker
 from stackgate.model import MAIN, ROLLBACK, Cell, CellResult, Metric, Outcome, Phase, Status, TestOutcome
+from stackgate.shipped import BUNDLED_SUITE
 
 RDZV_PORT = 29400  # the c10d rendezvous port of node0 where a cell has a host of its own (containers, Slurm)
 ATTEMPT_PREFIX = "attempt-"  # cells/<result>/attempt-<tag>/: one attempt's JUnit and metric records
@@ -142,7 +142,7 @@ class RunContext:
     on_line: Callable[[str], None] | None = None
     phase: Phase = MAIN
     against: Cell | None = None
-    artifacts: Path | None = None  # STACKGATE_ARTIFACTS for this run of the cell (set by the pipeline)
+    artifacts: Path | None = None  # STACKGATE_ARTIFACTS for this attempt (set by the runner)
     select: tuple[str, ...] = ()  # repeats: only these test node ids
     suite_deps: Mapping[str, Any] = field(default_factory=dict)  # what the suite installs (for the report)
     refused_links: tuple[str, ...] = ()  # links out of the run directory not copied into this run's artifacts
@@ -167,9 +167,9 @@ class RunContext:
         shared.mkdir(exist_ok=True)
         return workdir, shared
 
-    def artifacts_dir(self, cell: Cell) -> Path:
-        """Where the suite reads and writes cross-version artifacts: the pipeline's choice (one
-        directory per candidate stack), else one per pool and topology."""
+    def artifacts_of(self, cell: Cell) -> Path:
+        """Where the suite reads and writes cross-version artifacts: the runner's choice for the attempt
+        (`runner.stack_artifacts`, one directory per candidate stack), else one per pool and topology."""
         if self.artifacts is not None:
             self.artifacts.mkdir(parents=True, exist_ok=True)
             return self.artifacts

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from stackgate import bundled, fleet, suite
+from stackgate import fleet, shipped, suite
 
 pytestmark = pytest.mark.gpu
 
@@ -49,8 +49,8 @@ def test_bundled_suite_on_host_torch_with_nccl(host: fleet.LocalHost, tmp_path: 
            "STACKGATE_NPROC_PER_NODE": str(host.gpu_count), "STACKGATE_EXPECT_TRANSPORT": "any",
            "STACKGATE_RESULTS": str(tmp_path / "results.jsonl"), "STACKGATE_ARTIFACTS": str(tmp_path / "art")}
     junit = tmp_path / "junit.xml"
-    proc = subprocess.run([sys.executable, "-m", "pytest", str(bundled.BUNDLED_SUITE), "-p", "no:cacheprovider",
-                           f"--junitxml={junit}", "-q"], env=env, cwd=bundled.BUNDLED_SUITE, capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "pytest", str(shipped.BUNDLED_SUITE), "-p", "no:cacheprovider",
+                           f"--junitxml={junit}", "-q"], env=env, cwd=shipped.BUNDLED_SUITE, capture_output=True,
                           text=True, timeout=1800, check=False)
     _keep([junit, tmp_path / "results.jsonl"], "host-suite", proc.stdout + proc.stderr)
     tests = suite.parse_junit([junit])

@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from stackgate.bundled import MATRIX_DIR
+from stackgate.shipped import MATRIX_DIR
 
 ROOT = Path(__file__).resolve().parents[2]
 FLEET = """[pool.cpu-a]

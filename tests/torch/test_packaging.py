@@ -31,7 +31,7 @@ def test_wheel_installed_outside_the_repo_runs_the_bundled_suite(tmp_path: Path,
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    installed = _run([str(venv / "bin" / "python"), "-c", "import stackgate.bundled as b; print(b.BUNDLED_SUITE)"],
+    installed = _run([str(venv / "bin" / "python"), "-c", "import stackgate.shipped as b; print(b.BUNDLED_SUITE)"],
                      cwd=elsewhere, env=env).strip()
     assert str(venv) in installed and not installed.startswith(str(ROOT))  # not the checkout's copy
 

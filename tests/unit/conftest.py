@@ -15,7 +15,7 @@ from stackgate.backends.choose import Machinery
 from stackgate.backends.memory import MemoryBackend
 from stackgate.commands.run import run as run_command
 from stackgate.options import Options
-from stackgate.options import resolve as resolve_options
+from stackgate.options import read as read_options
 
 ROOT = Path(__file__).resolve().parents[2]
 RunMemory = Callable[..., tuple[int, dict[str, Any], list[str]]]
@@ -37,7 +37,7 @@ def memory_options(tmp_path: Path, **options: Any) -> Options:
     """Options of a run of tests/data/plain_suite whose reports and caches are under tmp_path."""
     cli = {"suite": str(ROOT / "tests" / "data" / "plain_suite"), "run_id": "mem", "reports": str(tmp_path / "r"),
            "cache_dir": str(tmp_path / "cache"), "backend": "venv", "platform_checks": False, **options}
-    return resolve_options(cli, {}, cwd=tmp_path)
+    return read_options(cli, {}, cwd=tmp_path)
 
 
 @pytest.fixture

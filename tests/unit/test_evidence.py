@@ -83,7 +83,7 @@ def test_misspelled_table_and_empty_topology_are_errors(tmp_path: Path) -> None:
     project = tmp_path / "stackgate.toml"
     project.write_text("[rnu]\nprofile = 'quick'\n")
     with pytest.raises(ConfigError, match=r"stackgate.toml:1: unknown key 'rnu'") as info:
-        options.resolve({}, {}, project)
+        options.read({}, {}, project)
     assert info.value.hint == "did you mean 'run'?"
     doc = tomlfile.loads("[matrix]\ntopology = ['0x0']\n", tmp_path / "m.toml")
     with pytest.raises(ConfigError, match="at least one node"):

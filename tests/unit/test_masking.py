@@ -35,7 +35,7 @@ def test_secret_values_are_masked_in_results_and_files(tmp_path: Path) -> None:
 
 
 def test_report_options_mask_secret_looking_suite_env() -> None:
-    opts = options.resolve({"suite_env": ["HF_TOKEN=hf-1234", "NCCL_NET=Socket"]}, {})
+    opts = options.read({"suite_env": ["HF_TOKEN=hf-1234", "NCCL_NET=Socket"]}, {})
     assert opts.describe()["suite_env"]["value"] == ["HF_TOKEN=***", "NCCL_NET=Socket"]
 
 

@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 from packaging.version import Version
 
-from stackgate import bisect, bundled, compat, nightly
+from stackgate import bisect, compat, nightly, shipped
 from stackgate.model import Cell, CellResult, GpuClass, Role, RunnerPool, Stack, Status, Topology, WheelSource
-from stackgate.sources import PipConfig, Target, resolve_nightly
+from stackgate.sources import PipConfig, Target, newest_nightly
 from stackgate.versions import CudaVariant
 
 TODAY = dt.date(2026, 11, 30)
-TABLE = compat.load_compat(bundled.MATRIX_DIR / "compat.toml")  # 2.15: PyPI's default variant is cu130
+TABLE = compat.load_compat(shipped.MATRIX_DIR / "compat.toml")  # 2.15: PyPI's default variant is cu130
 POOL = RunnerPool("local", None, GpuClass.NONE, gpu="cpu", nodes=1, is_local=True)
 
 
@@ -116,7 +116,7 @@ def test_an_http_index_is_listed_and_an_unreadable_one_never_blocks_a_cell(tmp_p
             found = nightly.wheels(source, PipConfig())
             assert found.complete and [str(w.version) for w in found] == ["2.15.0.dev20261128+cpu"]
             assert found[0].location.endswith("/files/torch-2.15.0.dev20261128%2Bcpu-cp311-cp311-manylinux_2_28_x86_64.whl")
-            assert str(resolve_nightly(source, PipConfig(), target=Target(variants=("cpu",)))) == "2.15.0.dev20261128"
+            assert str(newest_nightly(source, PipConfig(), target=Target(variants=("cpu",)))) == "2.15.0.dev20261128"
         finally:
             server.shutdown()
     away = nightly.wheels(WheelSource(index_url="http://127.0.0.1:9/simple", inherit_pip_config=False), PipConfig())

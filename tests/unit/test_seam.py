@@ -8,7 +8,7 @@ import ast
 import re
 from pathlib import Path
 
-from stackgate import bundled, suite
+from stackgate import shipped, suite
 from stackgate.backends import memory
 from stackgate.backends.base import Execution
 from stackgate.backends.memory import MemoryBackend, answer
@@ -121,7 +121,7 @@ def test_an_oom_in_the_candidate_is_no_go_on_the_memory_backend(no_subprocesses:
     assert code == 1 and report["decision"] == "NO-GO"
     (cand,) = [c for c in report["cells"] if c["role"] == "candidate"]
     assert cand["status"] == "oom"
-    assert bundled.BUNDLED_SUITE.exists()
+    assert shipped.BUNDLED_SUITE.exists()
 
 
 def test_a_suite_is_configured_by_its_own_directory_on_every_backend(tmp_path: Path) -> None:

@@ -125,7 +125,7 @@ def test_a_users_suite_gets_a_separate_platform_checks_invocation(tmp_path: Path
 def test_nightly_resolves_newest_dev_build_from_a_wheelhouse(tmp_path: Path) -> None:
     from stackgate.errors import ConfigError
     from stackgate.model import WheelSource
-    from stackgate.sources import PipConfig, Target, installer_args, parse_pip_config, resolve_nightly
+    from stackgate.sources import PipConfig, Target, installer_args, newest_nightly, parse_pip_config
     for name in ("torch-2.15.0.dev20261120+cu130-cp311-cp311-manylinux_2_28_x86_64.whl",
                  "torch-2.15.0.dev20261128+cu130-cp311-cp311-manylinux_2_28_x86_64.whl",
                  "torch-2.14.1-cp311-cp311-manylinux_2_28_x86_64.whl", "not-a-wheel.txt",
@@ -136,12 +136,12 @@ def test_nightly_resolves_newest_dev_build_from_a_wheelhouse(tmp_path: Path) -> 
     source = WheelSource(find_links=(str(tmp_path),), inherit_pip_config=False, pre=True)
     target = Target(pythons=("3.11",), variants=("cu130",), arch="x86_64")
     # the date, without a variant label: each cell asks for its own variant of that date
-    assert str(resolve_nightly(source, PipConfig(), target=target)) == "2.15.0.dev20261128"
+    assert str(newest_nightly(source, PipConfig(), target=target)) == "2.15.0.dev20261128"
     with pytest.raises(ConfigError, match=r"for Python 3\.12 on x86_64"):
-        resolve_nightly(source, PipConfig(), target=Target(pythons=("3.12",), variants=("cu130",)))
-    assert str(resolve_nightly(source, PipConfig(), "2.15.0.dev20261101")) == "2.15.0.dev20261101"
+        newest_nightly(source, PipConfig(), target=Target(pythons=("3.12",), variants=("cu130",)))
+    assert str(newest_nightly(source, PipConfig(), "2.15.0.dev20261101")) == "2.15.0.dev20261101"
     with pytest.raises(ConfigError, match=r"no \.dev torch build"):
-        resolve_nightly(WheelSource(inherit_pip_config=False), PipConfig())
+        newest_nightly(WheelSource(inherit_pip_config=False), PipConfig())
     host = parse_pip_config("global.find-links='/opt/wheels'\nglobal.extra-index-url='file:///a file:///b'\n"
                             ":env:.cert='/etc/ca.crt'\n")
     assert host.find_links == ("/opt/wheels",) and host.extra_index_urls == ("file:///a", "file:///b")
@@ -153,7 +153,7 @@ def test_nightly_resolves_newest_dev_build_from_a_wheelhouse(tmp_path: Path) -> 
 
 def test_production_keeps_its_own_source_on_the_nightly_channel() -> None:
     from stackgate import compat, matrix
-    from stackgate.bundled import MATRIX_DIR
+    from stackgate.shipped import MATRIX_DIR
     from stackgate.versions import parse_torch
     spec = matrix.load_matrix(MATRIX_DIR / "nightly.toml")
     exp = matrix.expand(spec, fleet.load_pools(MATRIX_DIR / "fleet.toml", fleet.LocalHost()),

@@ -57,7 +57,7 @@ def test_options_cascade_records_sources(tmp_path: Path) -> None:
     project = _write(tmp_path, "[run]\nprofile = 'quick'\ntimeout = 100\nreports = 'r1'\n", "stackgate.toml")
     env = {"STACKGATE_TIMEOUT": "200", "STACKGATE_REPORTS": "r2", "UNRELATED": "x"}
     work = tmp_path / "work"
-    opts = options.resolve({"reports": "r3", "only": []}, env, project, cwd=work)
+    opts = options.read({"reports": "r3", "only": []}, env, project, cwd=work)
     assert opts.profile == "quick" and opts.sources["profile"] == str(project)
     assert opts.timeout == 200.0 and opts.sources["timeout"] == "environment"
     assert opts.reports == work / "r3" and opts.sources["reports"] == "command line"
@@ -72,7 +72,7 @@ def test_every_option_is_declared_once_for_argparse_the_cascade_and_the_report()
     args = vars(parser.parse_args(["--pytest-arg=-k", "--pytest-arg=x", "--no-rollback", "--pool", "cpu-a",
                                    "--profile", "quick"]))
     assert set(args) == {f.name for f in options.declared("run")}  # one argument per declared option
-    opts = options.resolve(args, {}, None)
+    opts = options.read(args, {}, None)
     assert opts.pytest_args == ("-k", "x") and opts.rollback is False and opts.pool == ("cpu-a",)
     assert opts.describe()["pool"] == {"value": ["cpu-a"], "from": "command line"}
     assert set(opts.describe()) == {f.name for f in options.declared()}
@@ -86,7 +86,7 @@ def test_every_path_option_comes_out_absolute(tmp_path: Path) -> None:
     (tmp_path / "proj").mkdir()
     project = _write(tmp_path / "proj", "[run]\ncache-dir = 'cache'\nsuite = 'tests/trainers'\n", "stackgate.toml")
     work = tmp_path / "elsewhere"
-    opts = options.resolve({"reports": "out/../reports", "history": "h.sqlite"}, {"STACKGATE_CONFIG_DIR": "cfg"},
+    opts = options.read({"reports": "out/../reports", "history": "h.sqlite"}, {"STACKGATE_CONFIG_DIR": "cfg"},
                            project, cwd=work)
     assert opts.reports == work / "reports"
     assert opts.history == work / "h.sqlite"
@@ -97,23 +97,23 @@ def test_every_path_option_comes_out_absolute(tmp_path: Path) -> None:
         value = getattr(opts, f.name)
         if isinstance(value, Path):
             assert value.is_absolute(), f.name
-    defaults = options.resolve({}, {}, None, cwd=work)
+    defaults = options.read({}, {}, None, cwd=work)
     assert defaults.reports == work / "reports" and defaults.matrix.name == "upgrade.toml"
     assert defaults.matrix.is_file() and (defaults.config_dir / "policy.toml").is_file()  # shipped in the package
-    assert options.resolve({"matrix": "nightly"}, {}, None, cwd=work).matrix.name == "nightly.toml"
+    assert options.read({"matrix": "nightly"}, {}, None, cwd=work).matrix.name == "nightly.toml"
 
 
 def test_options_bad_values(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="STACKGATE_TIMEOUT"):
-        options.resolve({}, {"STACKGATE_TIMEOUT": "-1"})
+        options.read({}, {"STACKGATE_TIMEOUT": "-1"})
     with pytest.raises(ConfigError, match="--profile"):
-        options.resolve({"profile": "huge"}, {})
+        options.read({"profile": "huge"}, {})
     assert options.parse_shard("1/4") == (1, 4)
     with pytest.raises(ConfigError):
         options.parse_shard("4/4")
     bad = _write(tmp_path, "[run]\nprofil = 'quick'\n", "stackgate.toml")
     with pytest.raises(ConfigError, match=r"unknown key 'profil'"):
-        options.resolve({}, {}, bad)
+        options.read({}, {}, bad)
 
 
 def test_suite_env_pairs() -> None:
@@ -122,7 +122,7 @@ def test_suite_env_pairs() -> None:
         ("NCCL_NET", "AWS Libfabric"), ("FI_EFA_SET_CUDA_SYNC_MEMOPS", "0"))
     with pytest.raises(ConfigError, match="KEY=VALUE"):
         parse_suite_env(("NOVALUE",))
-    opts = options.resolve({}, {"STACKGATE_SUITE_ENV": "A=1 2\nB=3"})
+    opts = options.read({}, {"STACKGATE_SUITE_ENV": "A=1 2\nB=3"})
     assert opts.suite_env == ("A=1 2", "B=3")
 
 
@@ -173,12 +173,12 @@ def test_matrix_axes_are_never_empty_or_absurd(tmp_path: Path, text: str, line: 
 @pytest.mark.parametrize("value", ["nan", "inf", "-inf", "0", "1e9"])
 def test_timeout_must_be_finite_and_in_range_from_cli_and_env(value: str) -> None:
     with pytest.raises(ConfigError, match="--timeout"):
-        options.resolve({"timeout": value}, {})
+        options.read({"timeout": value}, {})
     with pytest.raises(ConfigError, match="STACKGATE_TIMEOUT"):
-        options.resolve({}, {"STACKGATE_TIMEOUT": value})
+        options.read({}, {"STACKGATE_TIMEOUT": value})
 
 
 def test_timeout_nan_in_stackgate_toml(tmp_path: Path) -> None:
     project = _write(tmp_path, "[run]\ntimeout = nan\n", "stackgate.toml")
     with pytest.raises(ConfigError, match="timeout"):
-        options.resolve({}, {}, project)
+        options.read({}, {}, project)

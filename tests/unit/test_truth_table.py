@@ -10,11 +10,11 @@ from dataclasses import dataclass, field, replace
 
 import pytest
 
-from stackgate import bundled, fleet, gate, selftest
+from stackgate import fleet, gate, selftest, shipped
 from stackgate.model import ROLLBACK, Cell, CellResult, Decision, NotHere, Severity, Status, TestOutcome
 from stackgate.policy import Policy, Waiver, load_policy
 
-POLICY = load_policy(bundled.MATRIX_DIR / "policy.toml")
+POLICY = load_policy(shipped.MATRIX_DIR / "policy.toml")
 TODAY = dt.date(2026, 11, 30)
 
 
@@ -415,7 +415,7 @@ def _config_stale_pypi_default() -> None:
     from stackgate.versions import CudaVariant, parse_torch
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "compat.toml"
-        path.write_text((bundled.MATRIX_DIR / "compat.toml").read_text().replace('pypi_default = "cu132"',
+        path.write_text((shipped.MATRIX_DIR / "compat.toml").read_text().replace('pypi_default = "cu132"',
                                                                                   'pypi_default = "cu130"'))
         wrong = resolve.identity_problem(Stack(parse_torch("2.15.0"), CudaVariant("cu130"), "3.11"),
                                          ("torch==2.15.0", "nvidia-cuda-runtime==13.2.86"), compat.load_compat(path))

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from stackgate import bundled, fleet, gate, suite
+from stackgate import fleet, gate, shipped, suite
 from stackgate.conclude import why_lines
 from stackgate.console import Console
 from stackgate.model import (
@@ -36,7 +36,7 @@ from stackgate.policy import SUITE_POLICY, load_for_suite, load_policy
 from stackgate.versions import CudaVariant, parse_driver, parse_torch
 from tests.unit.test_matrix import _expand
 
-POLICY = load_policy(bundled.MATRIX_DIR / "policy.toml")
+POLICY = load_policy(shipped.MATRIX_DIR / "policy.toml")
 TODAY = dt.date(2026, 11, 30)
 
 
@@ -125,7 +125,7 @@ def _user_result(cell: Cell, outcomes: dict[str, str]) -> CellResult:
 
 
 def _user_policy(tmp_path: Path, platform_checks: bool = False) -> object:
-    return load_for_suite(suite=tmp_path, bundled_suite=bundled.BUNDLED_SUITE, config_dir=bundled.MATRIX_DIR,
+    return load_for_suite(suite=tmp_path, bundled_suite=shipped.BUNDLED_SUITE, config_dir=shipped.MATRIX_DIR,
                           explicit=None, platform_checks=platform_checks, platform_files=suite.PLATFORM_CHECKS)
 
 
@@ -156,8 +156,8 @@ def test_a_policy_beside_the_suite_overrides_the_default(tmp_path: Path) -> None
     policy = _user_policy(tmp_path)
     assert policy.required_tests == ("test_mine.py::test_a",) and not policy.all_tests_required  # type: ignore[attr-defined]
     assert policy.origin == str(tmp_path / SUITE_POLICY)  # type: ignore[attr-defined]
-    bundled_policy = load_for_suite(suite=bundled.BUNDLED_SUITE, bundled_suite=bundled.BUNDLED_SUITE,
-                                    config_dir=bundled.MATRIX_DIR, explicit=None, platform_checks=True,
+    bundled_policy = load_for_suite(suite=shipped.BUNDLED_SUITE, bundled_suite=shipped.BUNDLED_SUITE,
+                                    config_dir=shipped.MATRIX_DIR, explicit=None, platform_checks=True,
                                     platform_files=suite.PLATFORM_CHECKS)
     assert "test_recsys.py::*" in bundled_policy.required_tests
 

@@ -25,9 +25,9 @@ Resolver = Callable[[Sequence[Stack], CompatTable, PipConfig, Mapping[str, str],
 
 def make_backend(opts: Options, loaded: Loaded, env: Mapping[str, str], say: Printer,
                  deps: SuiteDeps | None = None) -> Backend:
-    """The environment backend (`environments`), started through Slurm for the pools whose cells
+    """The environment backend (`environment_backend`), started through Slurm for the pools whose cells
     are Slurm jobs (`--launcher slurm`, or `launcher = "slurm"` in fleet.toml)."""
-    backend = environments(opts, loaded, env, say, deps)
+    backend = environment_backend(opts, loaded, env, say, deps)
     if slurm_pools(opts, loaded):
         from stackgate.backends.slurm import SlurmBackend
         return SlurmBackend(backend, forced=SlurmSpec() if opts.launcher == "slurm" else None, env=env, say=say)
@@ -41,7 +41,7 @@ def slurm_pools(opts: Options, loaded: Loaded) -> set[str]:
     return {n for n, p in loaded.pools.items() if p.is_local and (opts.launcher == "slurm" or p.slurm is not None)}
 
 
-def environments(opts: Options, loaded: Loaded, env: Mapping[str, str], say: Printer,
+def environment_backend(opts: Options, loaded: Loaded, env: Mapping[str, str], say: Printer,
                  deps: SuiteDeps | None) -> Backend:
     """`docker` when asked for, or by default whenever an engine answers (and cells start locally);
     `venv` otherwise (with a notice)."""

@@ -23,13 +23,13 @@ from filelock import FileLock
 
 from stackgate import proc
 from stackgate.backends.base import TORCH_PROBE, EnvHandle, Execution, PrepareFailed, free_port, torch_probe_problem
-from stackgate.bundled import BUNDLED_SUITE
 from stackgate.compat import CompatTable
 from stackgate.errors import InfraError
 from stackgate.installer import is_disk_full, is_network_failure
 from stackgate.masking import node_base
 from stackgate.model import Stack
 from stackgate.plan import requirements
+from stackgate.shipped import BUNDLED_SUITE
 from stackgate.sources import PipConfig, installer_args
 from stackgate.suite import Layout, NodeCommand, NodeExit
 from stackgate.suite_deps import SuiteDeps

@@ -13,7 +13,7 @@ from stackgate.console import Console, Printer
 from stackgate.model import SlurmSpec
 from stackgate.options import Options
 from stackgate.plan import run_order
-from stackgate.runner import artifacts_dir
+from stackgate.runner import stack_artifacts
 from stackgate.suite import RDZV_PORT, Layout, RunContext, node_commands
 
 
@@ -40,7 +40,7 @@ def dry_run(opts: Options, env: Mapping[str, str], say: Printer | None = None, *
     for cell in run_order(chosen.cells):
         workdir = run_dir / "cells" / cell.id
         python = venvs.root_for(cell.stack)[0] / "bin" / "python"
-        exe = Execution(cell, workdir, artifacts_dir(run_dir, cell), workdir / "shared", suite.path, "DRYRUN")
+        exe = Execution(cell, workdir, stack_artifacts(run_dir, cell), workdir / "shared", suite.path, "DRYRUN")
         spec = slurm.spec_for(cell, forced) if cell.pool.name in remote else None
         layout = Layout(python=str(python), out=workdir, artifacts=exe.artifacts, shared=exe.shared, suite=suite.path,
                         endpoint=f"${slurm.ENDPOINT}" if spec else ("127.0.0.1:PORT" if cell.topology.nodes > 1 else ""))

@@ -12,9 +12,9 @@ from pathlib import Path
 from stackgate.backends.docker import images
 from stackgate.backends.docker.backend import DockerBackend
 from stackgate.backends.docker.engine import DockerEngine
-from stackgate.bundled import BUNDLED_SUITE
 from stackgate.compat import CompatTable
 from stackgate.errors import ConfigError, InfraError
+from stackgate.shipped import BUNDLED_SUITE
 from stackgate.sources import PipConfig
 from stackgate.suite_deps import SuiteDeps
 

@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from stackgate import bundled, proc
+from stackgate import proc, shipped
 from stackgate.backends.base import TORCH_PROBE, EnvHandle, Execution, PrepareFailed, torch_probe_problem
 from stackgate.backends.docker import images
 from stackgate.backends.docker.engine import BuildError, ContainerExit, ContainerSpec, Engine
@@ -26,7 +26,7 @@ from stackgate.suite_deps import SuiteDeps
 
 SUITE_IN_IMAGE = "/opt/stackgate/suite"
 # PID 1 of every node container: runs the node's command, then ends and names what it left running
-NODE_INIT = bundled.NODE_INIT.read_text()
+NODE_INIT = shipped.NODE_INIT.read_text()
 
 
 class DockerBackend:

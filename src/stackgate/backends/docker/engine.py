@@ -12,14 +12,13 @@ import io
 import tarfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from stackgate.console import Printer
 from stackgate.errors import InfraError
-
-Printer = Callable[[str], None]
 
 
 @dataclass(frozen=True)

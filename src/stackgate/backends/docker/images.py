@@ -22,10 +22,10 @@ from packaging.utils import parse_wheel_filename
 
 from stackgate import proc
 from stackgate.backends.docker.engine import Engine
-from stackgate.bundled import DOCKERFILE_TEMPLATE
 from stackgate.errors import InfraError
 from stackgate.installer import is_network_failure
 from stackgate.model import Stack
+from stackgate.shipped import DOCKERFILE_TEMPLATE
 from stackgate.sources import PipConfig, pip_command
 
 TEMPLATE = DOCKERFILE_TEMPLATE
