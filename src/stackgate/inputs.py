@@ -5,7 +5,6 @@ one fleet run). Run, dry run, calibrate, merge and bisect all start here."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
@@ -16,7 +15,7 @@ from stackgate import compat as compat_mod
 from stackgate.console import Printer
 from stackgate.errors import ConfigError
 from stackgate.model import RunnerPool, WheelSource
-from stackgate.options import Options, parse_shard
+from stackgate.options import Options
 from stackgate.policy import Policy, load_for_suite
 from stackgate.shipped import BUNDLED_SUITE
 from stackgate.suite import PLATFORM_CHECKS, SuiteSpec
@@ -92,7 +91,7 @@ def expand(loaded: Loaded, pools: Mapping[str, RunnerPool] | None = None) -> mat
 
 def select(opts: Options, loaded: Loaded, *, shard: bool = True) -> matrix.Expansion:
     """The cells of the expanded matrix that run here (`--only`, `--shard`)."""
-    return matrix.select(expand(loaded), opts.only, parse_shard(opts.shard) if shard else None)
+    return matrix.select(expand(loaded), opts.only, opts.shard if shard else None)
 
 
 def runnable(opts: Options, loaded: Loaded) -> matrix.Expansion:
@@ -110,23 +109,13 @@ def runnable(opts: Options, loaded: Loaded) -> matrix.Expansion:
 def suite_spec(opts: Options, *, platform_checks: bool, host: Mapping[str, str] | None = None) -> SuiteSpec:
     """The suite and how it runs; its environment beyond the contract is what the user passes: the
     `--suite-env` pairs, and the `--pass-env` names' values from `host` (see `masking`)."""
-    explicit = parse_suite_env(opts.suite_env)
+    explicit = opts.suite_env
     given = {k for k, _ in explicit}
     host = host or {}
     passed = tuple((k, host[k]) for k in opts.pass_env if k in host and k not in given)
     return SuiteSpec(path=(opts.suite or BUNDLED_SUITE).resolve(), pytest_args=tuple(opts.pytest_args),
                      profile=opts.profile, timeout_s=opts.timeout, platform_checks=platform_checks,
                      env=explicit + passed)
-
-
-def parse_suite_env(items: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
-    out = []
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
-            raise ConfigError(f"--suite-env {item!r} must be KEY=VALUE")
-        out.append((key, value))
-    return tuple(out)
 
 
 def build_suite_deps(opts: Options, loaded: Loaded, env: Mapping[str, str], say: Printer) -> SuiteDeps:

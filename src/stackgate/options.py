@@ -1,6 +1,6 @@
 """Every option declared once, typed: the `Options` fields. From that one declaration come the
 command-line arguments (`add_arguments`), the cascade defaults < stackgate.toml [run] <
-STACKGATE_* environment < command line (`resolve`, which records where each value came from, so
+STACKGATE_* environment < command line (`read`, which records where each value came from, so
 the report can show it), and the type checker's view of every option.
 """
 
@@ -10,52 +10,96 @@ import argparse
 import dataclasses
 import math
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Literal, NamedTuple, TypeVar, cast, get_args
 
 from stackgate import shipped, tomlfile
 from stackgate.errors import ConfigError
 
+T = TypeVar("T")
+BackendName = Literal["auto", "venv", "docker"]
+LauncherName = Literal["pool", "local", "slurm"]
+ProfileName = Literal["default", "quick"]
 
-def _path(v: Any) -> Path:
+
+class Shard(NamedTuple):
+    """`--shard I/N`: this runner takes shard `index` of `count` (pairs of cells stay together)."""
+
+    position: int  # 0 .. total - 1
+    total: int
+
+    def __str__(self) -> str:
+        return f"{self.position}/{self.total}"
+
+
+def _path(v: object) -> Path:
     return Path(str(v)).expanduser()
 
 
-def _list(v: Any) -> tuple[str, ...]:
+def _list(v: object) -> tuple[str, ...]:
     if isinstance(v, (list, tuple)):
         return tuple(str(x) for x in v)
     return tuple(x for x in str(v).replace(",", " ").split() if x)
 
 
-def _paths(v: Any) -> tuple[Path, ...]:
+def _paths(v: object) -> tuple[Path, ...]:
     return tuple(_path(x) for x in _list(v))
 
 
-def _env_list(v: Any) -> tuple[str, ...]:
-    """KEY=VALUE items; a string from the environment or TOML holds them one per line."""
-    if isinstance(v, (list, tuple)):
-        return tuple(str(x) for x in v)
-    return tuple(x.strip() for x in str(v).splitlines() if x.strip())
+def _env_pairs(v: object) -> tuple[tuple[str, str], ...]:
+    """KEY=VALUE items (a string from the environment or TOML holds them one per line), as pairs."""
+    items = [str(x) for x in v] if isinstance(v, (list, tuple)) else [x.strip() for x in str(v).splitlines()]
+    pairs = []
+    for item in (i for i in items if i):
+        key, sep, value = item.partition("=")
+        if not sep or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+            raise ValueError(f"{item!r} must be KEY=VALUE")
+        pairs.append((key, value))
+    return tuple(pairs)
 
 
-def _choice(*allowed: str) -> Callable[[Any], str]:
-    def parse(v: Any) -> str:
-        if str(v) not in allowed:
-            raise ValueError(f"must be one of {', '.join(allowed)}")
-        return str(v)
-    parse.choices = allowed  # type: ignore[attr-defined]
-    return parse
+def _shard(v: object) -> Shard:
+    try:
+        index, count = (int(x) for x in str(v).split("/"))
+    except ValueError:
+        raise ValueError("must be INDEX/COUNT, for example 0/4") from None
+    if count < 1 or not 0 <= index < count:
+        raise ValueError("need 0 <= INDEX < COUNT")
+    return Shard(index, count)
+
+
+def _one_of(v: object, allowed: tuple[str, ...]) -> str:
+    if str(v) not in allowed:
+        raise ValueError(f"must be one of {', '.join(allowed)}")
+    return str(v)
+
+
+def _backend(v: object) -> BackendName:
+    return cast(BackendName, _one_of(v, get_args(BackendName)))
+
+
+def _launcher(v: object) -> LauncherName:
+    return cast(LauncherName, _one_of(v, get_args(LauncherName)))
+
+
+def _profile(v: object) -> ProfileName:
+    return cast(ProfileName, _one_of(v, get_args(ProfileName)))
+
+
+CHOICES: dict[Callable[[object], object], tuple[str, ...]] = {
+    _backend: get_args(BackendName), _launcher: get_args(LauncherName), _profile: get_args(ProfileName)}
 
 
 MAX_TIMEOUT_S = 7 * 24 * 3600.0
 
 
-def _seconds(v: Any) -> float:
+def _seconds(v: object) -> float:
     """A timeout in seconds: finite, above 0 and at most a week (NaN and inf compare false with every
     bound, so they are refused by name)."""
-    x = float(v)
+    x = float(str(v))
     if not math.isfinite(x):
         raise ValueError("must be a finite number of seconds")
     if not 0 < x <= MAX_TIMEOUT_S:
@@ -63,21 +107,21 @@ def _seconds(v: Any) -> float:
     return x
 
 
-def _days(v: Any) -> int:
-    n = int(v)
+def _days(v: object) -> int:
+    n = int(str(v))
     if not 0 <= n <= 36500:
         raise ValueError("must be 0 to 36500 days")
     return n
 
 
-def _count(v: Any) -> int:
-    n = int(v)
+def _count(v: object) -> int:
+    n = int(str(v))
     if not 1 <= n <= 100:
         raise ValueError("must be between 1 and 100")
     return n
 
 
-def _bool(v: Any) -> bool:
+def _bool(v: object) -> bool:
     if isinstance(v, bool):
         return v
     if str(v).lower() in ("1", "true", "yes", "on"):
@@ -96,8 +140,8 @@ RUN = ("run",)
 RUN_MERGE = ("run", "merge")
 
 
-def opt(default: Any, parse: Callable[[Any], Any], help: str, *, commands: tuple[str, ...] = RUN,
-        repeat: bool = False, negate: str = "", metavar: str | None = None, flag: str = "") -> Any:
+def opt(default: T, parse: Callable[[object], T], help: str, *, commands: tuple[str, ...] = RUN,
+        repeat: bool = False, negate: str = "", metavar: str | None = None, flag: str = "") -> T:
     """One option: its default, how a raw value (TOML, environment, command line) is parsed, its help,
     the commands that take it, and its command-line form (`repeat`: may be given several times;
     `negate`: a `--no-...` switch that sets the boolean to false; `flag`: a spelling other than
@@ -106,19 +150,26 @@ def opt(default: Any, parse: Callable[[Any], Any], help: str, *, commands: tuple
                                             "negate": negate, "metavar": metavar, "flag": flag})
 
 
+def computed(parse: Callable[[object], T], help: str, *, commands: tuple[str, ...] = RUN) -> T:
+    """An option whose default `read` computes (from the environment or another option): never None
+    once read."""
+    return cast(T, field(default=None, metadata={"parse": parse, "help": help, "commands": commands, "repeat": False,
+                                                 "negate": "", "metavar": None, "flag": ""}))
+
+
 @dataclass(frozen=True)
 class Options:
     """The resolved options of a command. Path options are absolute; `sources` says, per option,
     where its value came from (default, stackgate.toml, environment, command line)."""
 
-    matrix: Path = opt(None, _path, "matrix file, or the name of a bundled matrix (default: the bundled upgrade.toml)",
-                       commands=RUN_MERGE)
-    config_dir: Path = opt(None, _path, "directory with compat/fleet/production/policy TOML (default: the bundled "
-                                        "data)", commands=RUN_MERGE)
+    matrix: Path = computed(_path, "matrix file, or the name of a bundled matrix (default: the bundled upgrade.toml)",
+                            commands=RUN_MERGE)
+    config_dir: Path = computed(_path, "directory with compat/fleet/production/policy TOML (default: the bundled "
+                                       "data)", commands=RUN_MERGE)
     policy: Path | None = opt(None, _path, "gate policy file (default: the suite's stackgate-policy.toml, else "
                                            "<config-dir>/policy.toml for the bundled suite)", commands=RUN_MERGE)
-    backend: str = opt("auto", _choice("auto", "venv", "docker"), "how stacks are built and cells run")
-    launcher: str = opt("pool", _choice("pool", "local", "slurm"), "how cells start: as each pool says in fleet.toml "
+    backend: BackendName = opt("auto", _backend, "how stacks are built and cells run")
+    launcher: LauncherName = opt("pool", _launcher, "how cells start: as each pool says in fleet.toml "
                                                                     "(pool), on this machine (local), or as Slurm "
                                                                     "jobs (slurm)")
     candidate: str | None = opt(None, str, "candidate torch version (replaces the matrix's torch axis)",
@@ -127,8 +178,8 @@ class Options:
                                            "(repeatable; default: the pools with detect = true)", repeat=True,
                                 metavar="NAME")
     only: tuple[str, ...] = opt((), _list, "run only cells matching (repeatable)", repeat=True, metavar="GLOB")
-    shard: str | None = opt(None, str, "run shard I of N (pairs of cells stay together)", metavar="I/N")
-    profile: str = opt("default", _choice("default", "quick"), "suite profile", commands=RUN_MERGE)
+    shard: Shard | None = opt(None, _shard, "run shard I of N (pairs of cells stay together)", metavar="I/N")
+    profile: ProfileName = opt("default", _profile, "suite profile", commands=RUN_MERGE)
     timeout: float = opt(1800.0, _seconds, "per-cell timeout in seconds (at most a week)")
     repeats: int | None = opt(None, _count, "runs of the performance-gated tests per cell, interleaved production/"
                                             "candidate (default: the policy's [performance] repeats)",
@@ -138,10 +189,10 @@ class Options:
                                                     "interleaved, until N runs in all, then decide; 1 = never "
                                                     "(default: the policy's [performance] confirm_repeats)",
                                       commands=RUN_MERGE, metavar="N")
-    reports: Path = opt("reports", _path, "reports directory", commands=RUN_MERGE)
+    reports: Path = opt(Path("reports"), _path, "reports directory", commands=RUN_MERGE)
     run_id: str | None = opt(None, str, "run id (default: time, matrix and a random suffix)", commands=RUN_MERGE)
     resume: str | None = opt(None, str, "continue a run; finished cells are skipped", metavar="RUN_ID")
-    cache_dir: Path = opt(None, _path, "where environments are cached (default ~/.cache/stackgate)")
+    cache_dir: Path = computed(_path, "where environments are cached (default ~/.cache/stackgate)")
     suite: Path | None = opt(None, _path, "pytest suite to run in each stack (default: the bundled integration_tests)",
                              commands=RUN_MERGE)
     suite_requirements: tuple[Path, ...] = opt((), _paths, "the suite's requirements file (repeatable; default: "
@@ -166,12 +217,12 @@ class Options:
                                metavar="DAYS")
     nightly_index: str | None = opt(None, str, "a nightly index with one directory per variant, like PyTorch's "
                                                "(URL/<variant>/torch/...)", commands=RUN_MERGE, metavar="URL")
-    history: Path = opt(None, _path, "history database (default <reports>/history.sqlite)", commands=RUN_MERGE)
+    history: Path = computed(_path, "history database (default <reports>/history.sqlite)", commands=RUN_MERGE)
     rollback: bool = opt(True, _bool, "skip the rollback phase (production reading the candidate's artifacts)",
                          negate="--no-rollback")
     platform_checks: bool = opt(True, _bool, "with --suite: do not add the bundled identity/collective/transport "
                                              "checks", negate="--no-platform-checks", commands=RUN_MERGE)
-    suite_env: tuple[str, ...] = opt((), _env_list, "extra environment for the suite, e.g. NCCL_NET='AWS Libfabric' "
+    suite_env: tuple[tuple[str, str], ...] = opt((), _env_pairs, "extra environment for the suite, e.g. NCCL_NET='AWS Libfabric' "
                                                     "(repeatable)", repeat=True, metavar="KEY=VALUE")
     pass_env: tuple[str, ...] = opt((), _list, "pass this host variable to the suite (repeatable; the suite's "
                                                "environment is otherwise an allow-list; a secret-looking value is "
@@ -183,7 +234,7 @@ class Options:
                                            "image)")
     sources: Mapping[str, str] = field(default_factory=dict, metadata={"internal": True})
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> dict[str, dict[str, object]]:
         """Every option's value and where it came from, for report.json."""
         return {f.name: {"value": _shown(getattr(self, f.name)), "from": self.sources.get(f.name, "default")}
                 for f in declared()}
@@ -195,23 +246,19 @@ def flag_of(name: str) -> str:
     return str(f.metadata["negate"] or f.metadata["flag"] or "--" + f.name.replace("_", "-"))
 
 
-def _shown(value: Any) -> Any:
-    """An option's value for the report; `KEY=VALUE` items whose KEY looks secret show `KEY=***`."""
-    if isinstance(value, tuple) and value and all(isinstance(v, str) and "=" in v for v in value):
+def _shown(value: object) -> object:
+    """An option's value for the report (JSON); `KEY=VALUE` pairs whose KEY looks secret show `KEY=***`."""
+    if isinstance(value, tuple) and value and all(isinstance(v, tuple) and len(v) == 2 for v in value):
         from stackgate.masking import MASK, looks_secret
-        return [f"{k}={MASK}" if looks_secret(k) else f"{k}={v}" for k, _, v in (x.partition("=") for x in value)]
-    return _plain(value)
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, Path):
+        return [f"{k}={MASK}" if looks_secret(str(k)) else f"{k}={v}" for k, v in value]
+    if isinstance(value, (Path, Shard)):
         return str(value)
     if isinstance(value, tuple):
-        return list(value)
+        return [str(v) if isinstance(v, Path) else v for v in value]
     return value
 
 
-def declared(command: str | None = None) -> list[dataclasses.Field[Any]]:
+def declared(command: str | None = None) -> list[dataclasses.Field[object]]:
     """The declared options (of one command)."""
     return [f for f in dataclasses.fields(Options) if not f.metadata.get("internal")
             and (command is None or command in f.metadata["commands"])]
@@ -226,15 +273,8 @@ def add_arguments(parser: argparse.ArgumentParser, command: str) -> None:
         if meta["negate"]:
             parser.add_argument(meta["negate"], dest=f.name, action="store_false", default=None, help=meta["help"])
             continue
-        kwargs: dict[str, Any] = {"dest": f.name, "help": meta["help"], "default": None}
-        choices = getattr(meta["parse"], "choices", None)
-        if choices:
-            kwargs["choices"] = choices
-        if meta["metavar"]:
-            kwargs["metavar"] = meta["metavar"]
-        if meta["repeat"]:
-            kwargs["action"] = "append"
-        parser.add_argument(flag, **kwargs)
+        parser.add_argument(flag, dest=f.name, help=meta["help"], default=None, choices=CHOICES.get(meta["parse"]),
+                            metavar=meta["metavar"], action="append" if meta["repeat"] else "store")
 
 
 def absolute(path: Path, base: Path) -> Path:
@@ -242,14 +282,14 @@ def absolute(path: Path, base: Path) -> Path:
     return Path(os.path.normpath(base / path.expanduser()))
 
 
-def read(cli: Mapping[str, Any], env: Mapping[str, str], project_file: Path | None = None,
+def read(cli: Mapping[str, object], env: Mapping[str, str], project_file: Path | None = None,
          cwd: Path | None = None) -> Options:
     """Every path option comes out absolute: relative values on the command line or in the
     environment are taken against `cwd`, those in stackgate.toml against that file's directory.
     Nothing downstream (a bind mount, a subprocess cwd) ever sees a relative path."""
     cwd = cwd or Path.cwd()
     fields = {f.name: f for f in declared()}
-    values: dict[str, Any] = {}
+    values: dict[str, object] = {}
     sources: dict[str, str] = {}
     for name, f in fields.items():
         values[name] = f.metadata["parse"](f.default) if f.default is not None else None
@@ -257,7 +297,7 @@ def read(cli: Mapping[str, Any], env: Mapping[str, str], project_file: Path | No
     if values["cache_dir"] is None:
         values["cache_dir"] = _path(_default_cache(env))
     bases: dict[str, Path] = {}
-    layers: list[tuple[str, Mapping[str, Any]]] = []
+    layers: list[tuple[str, Mapping[str, object]]] = []
     if project_file is not None:
         project_file = absolute(project_file, cwd)
     if project_file is not None and project_file.exists():
@@ -284,17 +324,23 @@ def read(cli: Mapping[str, Any], env: Mapping[str, str], project_file: Path | No
                 bases[name] = project_file.parent
             else:
                 bases.pop(name, None)
-    values["matrix"] = bundled_matrix(values["matrix"], bases.get("matrix", cwd))
+    matrix = values["matrix"]
+    values["matrix"] = bundled_matrix(matrix if isinstance(matrix, Path) else None, bases.get("matrix", cwd))
     for name, f in fields.items():
-        if f.metadata["parse"] is _path and values[name] is not None:
-            values[name] = absolute(values[name], bases.get(name, cwd))
-        elif f.metadata["parse"] is _paths:
-            values[name] = tuple(absolute(v, bases.get(name, cwd)) for v in values[name])
+        value = values[name]
+        if f.metadata["parse"] is _path and isinstance(value, Path):
+            values[name] = absolute(value, bases.get(name, cwd))
+        elif f.metadata["parse"] is _paths and isinstance(value, tuple):
+            values[name] = tuple(absolute(v, bases.get(name, cwd)) for v in value)
     if values["config_dir"] is None:
         values["config_dir"] = shipped.MATRIX_DIR
-    if values["history"] is None:
-        values["history"] = values["reports"] / "history.sqlite"
-    return Options(**values, sources=sources)
+    reports = values["reports"]
+    if values["history"] is None and isinstance(reports, Path):
+        values["history"] = reports / "history.sqlite"
+    built = Options()
+    for name, value in {**values, "sources": sources}.items():  # each value came through its field's parser
+        object.__setattr__(built, name, value)
+    return built
 
 
 def bundled_matrix(value: Path | None, base: Path) -> Path:
@@ -306,15 +352,3 @@ def bundled_matrix(value: Path | None, base: Path) -> Path:
         if (shipped.MATRIX_DIR / name).is_file():
             return shipped.MATRIX_DIR / name
     return value
-
-
-def parse_shard(text: str | None) -> tuple[int, int] | None:
-    if not text:
-        return None
-    try:
-        index, count = (int(x) for x in text.split("/"))
-    except ValueError:
-        raise ConfigError(f"--shard {text!r} must be INDEX/COUNT, for example 0/4") from None
-    if count < 1 or not 0 <= index < count:
-        raise ConfigError(f"--shard {text!r}: need 0 <= INDEX < COUNT")
-    return index, count

@@ -11,7 +11,7 @@ import pytest
 from stackgate import suite_deps
 from stackgate.backends.docker import images
 from stackgate.errors import ConfigError
-from stackgate.options import resolve
+from stackgate.options import read as read_options
 from stackgate.plan import SUITE_REQUIREMENTS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -84,7 +84,7 @@ def test_bad_lines_name_the_file_and_line(tmp_path: Path, line: str, message: st
 
 def test_suite_install_with_extras_and_the_options_make_it_absolute(tmp_path: Path) -> None:
     _project(tmp_path / "mono", "mono")
-    opts = resolve({"suite_install": ["mono[test,dev]"], "suite_requirements": ["reqs.txt"]}, {}, cwd=tmp_path)
+    opts = read_options({"suite_install": ["mono[test,dev]"], "suite_requirements": ["reqs.txt"]}, {}, cwd=tmp_path)
     assert opts.suite_install == (tmp_path / "mono[test,dev]",)
     assert opts.suite_requirements == (tmp_path / "reqs.txt",)
     deps = suite_deps.discover(tmp_path / "nosuite", (), opts.suite_install)

@@ -108,22 +108,23 @@ def test_options_bad_values(tmp_path: Path) -> None:
         options.read({}, {"STACKGATE_TIMEOUT": "-1"})
     with pytest.raises(ConfigError, match="--profile"):
         options.read({"profile": "huge"}, {})
-    assert options.parse_shard("1/4") == (1, 4)
-    with pytest.raises(ConfigError):
-        options.parse_shard("4/4")
+    assert options.read({"shard": "1/4"}, {}).shard == (1, 4) and str(options.read({"shard": "1/4"}, {}).shard) == "1/4"
+    with pytest.raises(ConfigError, match=r"--shard='4/4': need 0 <= INDEX < COUNT"):
+        options.read({"shard": "4/4"}, {})  # refused when options are read, before anything is loaded
+    with pytest.raises(ConfigError, match="STACKGATE_SHARD='x': must be INDEX/COUNT"):
+        options.read({}, {"STACKGATE_SHARD": "x"})
     bad = _write(tmp_path, "[run]\nprofil = 'quick'\n", "stackgate.toml")
     with pytest.raises(ConfigError, match=r"unknown key 'profil'"):
         options.read({}, {}, bad)
 
 
 def test_suite_env_pairs() -> None:
-    from stackgate.inputs import parse_suite_env
-    assert parse_suite_env(("NCCL_NET=AWS Libfabric", "FI_EFA_SET_CUDA_SYNC_MEMOPS=0")) == (
-        ("NCCL_NET", "AWS Libfabric"), ("FI_EFA_SET_CUDA_SYNC_MEMOPS", "0"))
-    with pytest.raises(ConfigError, match="KEY=VALUE"):
-        parse_suite_env(("NOVALUE",))
+    given = options.read({"suite_env": ["NCCL_NET=AWS Libfabric", "FI_EFA_SET_CUDA_SYNC_MEMOPS=0"]}, {})
+    assert given.suite_env == (("NCCL_NET", "AWS Libfabric"), ("FI_EFA_SET_CUDA_SYNC_MEMOPS", "0"))
+    with pytest.raises(ConfigError, match="--suite-env=.*'NOVALUE' must be KEY=VALUE"):
+        options.read({"suite_env": ["NOVALUE"]}, {})  # refused when options are read, before any resolution
     opts = options.read({}, {"STACKGATE_SUITE_ENV": "A=1 2\nB=3"})
-    assert opts.suite_env == ("A=1 2", "B=3")
+    assert opts.suite_env == (("A", "1 2"), ("B", "3"))
 
 
 # ---- issue 18 item 2: every number is finite and inside its documented range, or exit 2 with where

@@ -92,7 +92,7 @@ def _open(opts: Options, loaded: Loaded, run_id: str, run_dir: Path, chosen: mat
     if not opts.resume and (run_dir / results.RESULTS).exists():
         raise ConfigError(f"run {run_id} already has results in {run_dir}", hint="use --resume to continue it")
     defined = inputs.definition(opts, loaded)
-    selected = bundle.selection(pools=opts.pool, only=opts.only, shard=opts.shard)
+    selected = bundle.selection(pools=opts.pool, only=opts.only, shard=str(opts.shard) if opts.shard else None)
     if opts.resume:
         bundle.check_resume(run_dir, defined, selected)
         # this run owns the directory now, so what still carries its id was left by the run that died
