@@ -33,13 +33,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from filelock import FileLock
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
 from stackgate import proc, tomlfile
 from stackgate.errors import ConfigError, InfraError
-from stackgate.installer import is_network_failure
+from stackgate.installer import cache_lock, cached_dir, is_network_failure
 from stackgate.plan import SUITE_REQUIREMENTS as BASE
 from stackgate.sources import pip_command
 
@@ -314,8 +313,7 @@ def build_projects(deps: SuiteDeps, cache_dir: Path, env: Mapping[str, str], *, 
         files = source_files(project.path, exclude)
         digest = source_digest(project.path, files)
         home = cache_dir / "projects" / f"{project.path.name}-{digest[:16]}"
-        home.parent.mkdir(parents=True, exist_ok=True)
-        with FileLock(str(home.with_name(home.name + ".lock"))):
+        with cache_lock(home):
             wheel = _cached_wheel(home) or _build_wheel(project, files, home, env, say)
         name, version, _, _ = parse_wheel_filename(wheel.name)
         built.append(BuiltWheel(project, wheel, str(canonicalize_name(name)), str(version), digest))
@@ -339,27 +337,22 @@ def _build_wheel(project: LocalProject, files: Sequence[Path], home: Path, env: 
         for rel in files:
             (src / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(project.path / rel, src / rel)
-        staging = home.with_name(home.name + f".partial-{os.getpid()}")
-        shutil.rmtree(staging, ignore_errors=True)
-        # pip, not uv: pip reads the host's index configuration for the build backend. This
-        # interpreter's pip, else the one on PATH (a uv-made venv, such as nox's, has none)
-        result = proc.run([*pip_command(), "wheel", "--no-deps", "--disable-pip-version-check",
-                           "-w", str(staging), str(src)], env=dict(env), timeout_s=1800,
-                          log_path=Path(tmp) / "build.log")
-        if not result.ok:
-            shutil.rmtree(staging, ignore_errors=True)
-            if is_network_failure(result.tail):
-                raise InfraError(f"building {project.path}: an index could not be reached",
-                                 hint=result.tail[-800:])
-            raise ConfigError(f"{project.origin}: building a wheel of {project.path} failed "
-                              f"(exit {result.returncode}): {result.tail.strip()[-600:]}",
-                              hint="`pip wheel --no-deps PATH` must work for a project given to --suite-install")
-        wheels = sorted(staging.glob("*.whl"))
-        if len(wheels) != 1:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise ConfigError(f"building {project.path} gave {len(wheels)} wheels, expected one")
-        (staging / "built.json").write_text(json.dumps({"wheel": wheels[0].name, "source": str(project.path)}))
-        shutil.rmtree(home, ignore_errors=True)
-        staging.rename(home)
+        with cached_dir(home, say) as staging:
+            # pip, not uv: pip reads the host's index configuration for the build backend. This
+            # interpreter's pip, else the one on PATH (a uv-made venv, such as nox's, has none)
+            result = proc.run([*pip_command(), "wheel", "--no-deps", "--disable-pip-version-check",
+                               "-w", str(staging), str(src)], env=dict(env), timeout_s=1800,
+                              log_path=Path(tmp) / "build.log")
+            if not result.ok:
+                if is_network_failure(result.tail):
+                    raise InfraError(f"building {project.path}: an index could not be reached",
+                                     hint=result.tail[-800:])
+                raise ConfigError(f"{project.origin}: building a wheel of {project.path} failed "
+                                  f"(exit {result.returncode}): {result.tail.strip()[-600:]}",
+                                  hint="`pip wheel --no-deps PATH` must work for a project given to --suite-install")
+            wheels = sorted(staging.glob("*.whl"))
+            if len(wheels) != 1:
+                raise ConfigError(f"building {project.path} gave {len(wheels)} wheels, expected one")
+            (staging / "built.json").write_text(json.dumps({"wheel": wheels[0].name, "source": str(project.path)}))
     return home / wheels[0].name
 

@@ -19,13 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from filelock import FileLock
-
 from stackgate import proc
 from stackgate.backends.base import TORCH_PROBE, EnvHandle, Execution, PrepareFailed, free_port, torch_probe_problem
 from stackgate.compat import CompatTable
 from stackgate.errors import InfraError
-from stackgate.installer import is_disk_full, is_network_failure
+from stackgate.installer import cache_lock, cached_dir, is_disk_full, is_network_failure
 from stackgate.masking import node_base
 from stackgate.model import Stack
 from stackgate.plan import requirements
@@ -72,7 +70,7 @@ class VenvBackend:
         root, key, reqs = self.root_for(stack)
         root.parent.mkdir(parents=True, exist_ok=True)
         # concurrent runs sharing a cache: one builds, the others wait and then reuse
-        with FileLock(str(root.with_name(root.name + ".lock"))):
+        with cache_lock(root):
             return self._prepare_locked(stack, root, key, reqs, start, log_path)
 
     def _prepare_locked(self, stack: Stack, root: Path, key: str, reqs: list[str], start: float,
@@ -124,44 +122,35 @@ class VenvBackend:
     def _build(self, stack: Stack, root: Path, key: str, reqs: list[str], start: float,
                log_path: Path) -> EnvHandle:
         python = root / "bin" / "python"
-        for stale in root.parent.glob(f"{root.name}.partial-*"):  # left by a build that was killed
-            pid = stale.name.rsplit("-", 1)[-1]
-            if pid.isdigit() and not Path(f"/proc/{pid}").exists():
-                shutil.rmtree(stale, ignore_errors=True)
-                self.say(f"  removed {stale.name}, left by a build that was killed")
-        staging = root.with_name(f"{root.name}.partial-{os.getpid()}")
-        shutil.rmtree(staging, ignore_errors=True)
-        staging.parent.mkdir(parents=True, exist_ok=True)
         uv = [sys.executable, "-m", "uv"]
         constraints: list[str] = []
         if self.deps.constraints:  # the suite's own constraints hold at install time too
             held = root.with_name(f"{root.name}.constraints.txt")
+            held.parent.mkdir(parents=True, exist_ok=True)
             held.write_text("\n".join(self.deps.constraint_lines()) + "\n")
             constraints = ["--constraint", str(held)]
-        steps = [
-            [*uv, "venv", "--quiet", "--python", stack.python, str(staging)],
-            # bytecode compiled once, into the cache: every rank of every test imports torch
-            [*uv, "pip", "install", "--compile-bytecode", "--python", str(staging / "bin" / "python"),
-             *installer_args(stack.source, self.host_pip), *constraints, *reqs],
-        ]
-        env = {**self.env, "UV_PYTHON_DOWNLOADS": "never", "VIRTUAL_ENV": str(staging)}
-        for argv in steps:
-            result = proc.run(argv, env=env, timeout_s=3600, log_path=log_path)
-            if not result.ok:
-                shutil.rmtree(staging, ignore_errors=True)
-                if is_network_failure(result.tail):
-                    raise InfraError(f"installing {stack.label} failed: an index could not be reached",
-                                     hint=result.tail[-800:])
-                if is_disk_full(result.tail):
-                    raise InfraError(f"installing {stack.label} failed: the disk is full under {self.cache_dir}",
-                                     hint="free space, or pass --cache-dir on a larger disk")
-                raise PrepareFailed(f"installing {stack.label} failed (exit {result.returncode})", result.tail)
-        freeze = proc.capture([*uv, "pip", "freeze", "--python", str(staging / "bin" / "python")], env=env)
-        sbom = {"key": key, "requirements": reqs, "packages": freeze.split(),
-                "python": stack.python, "kind": "venv", "created": time.time()}
-        (staging / MARKER).write_text(json.dumps(sbom, indent=1))
-        shutil.rmtree(root, ignore_errors=True)
-        staging.rename(root)
+        with cached_dir(root, self.say) as staging:
+            steps = [
+                [*uv, "venv", "--quiet", "--python", stack.python, str(staging)],
+                # bytecode compiled once, into the cache: every rank of every test imports torch
+                [*uv, "pip", "install", "--compile-bytecode", "--python", str(staging / "bin" / "python"),
+                 *installer_args(stack.source, self.host_pip), *constraints, *reqs],
+            ]
+            env = {**self.env, "UV_PYTHON_DOWNLOADS": "never", "VIRTUAL_ENV": str(staging)}
+            for argv in steps:
+                result = proc.run(argv, env=env, timeout_s=3600, log_path=log_path)
+                if not result.ok:
+                    if is_network_failure(result.tail):
+                        raise InfraError(f"installing {stack.label} failed: an index could not be reached",
+                                         hint=result.tail[-800:])
+                    if is_disk_full(result.tail):
+                        raise InfraError(f"installing {stack.label} failed: the disk is full under {self.cache_dir}",
+                                         hint="free space, or pass --cache-dir on a larger disk")
+                    raise PrepareFailed(f"installing {stack.label} failed (exit {result.returncode})", result.tail)
+            freeze = proc.capture([*uv, "pip", "freeze", "--python", str(staging / "bin" / "python")], env=env)
+            sbom = {"key": key, "requirements": reqs, "packages": freeze.split(),
+                    "python": stack.python, "kind": "venv", "created": time.time()}
+            (staging / MARKER).write_text(json.dumps(sbom, indent=1))
         _fix_activation_paths(root, staging)
         return EnvHandle(stack, str(python), key, reused=False, prepare_s=time.monotonic() - start, sbom=sbom)
 

@@ -17,13 +17,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from filelock import FileLock
 from packaging.utils import parse_wheel_filename
 
 from stackgate import proc
 from stackgate.backends.docker.engine import Engine
 from stackgate.errors import InfraError
-from stackgate.installer import is_network_failure
+from stackgate.installer import cache_lock, cached_dir, is_network_failure
 from stackgate.model import Stack
 from stackgate.shipped import DOCKERFILE_TEMPLATE
 from stackgate.sources import PipConfig, pip_command
@@ -133,8 +132,7 @@ def wheelhouse(cache_dir: Path, requirements: Sequence[str], index_args: Sequenc
         parts.append(list(constraints))
     key = hashlib.sha256(json.dumps(parts, sort_keys=True).encode())
     path = cache_dir / "wheelhouse" / key.hexdigest()[:16]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(path.with_name(path.name + ".lock"))):  # concurrent runs share one download
+    with cache_lock(path):  # concurrent runs share one download
         return _wheelhouse_locked(path, requirements, index_args, python, ca_bundle, env, log_path, constraints)
 
 
@@ -145,26 +143,22 @@ def _wheelhouse_locked(path: Path, requirements: Sequence[str], index_args: Sequ
     if manifest.exists():
         data = json.loads(manifest.read_text())
         return Wheelhouse(path, tuple(Wheel(**w) for w in data))
-    staging = path.with_name(f"{path.name}.partial-{os.getpid()}")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    argv = [*pip_command(), "download", "-d", str(staging), *download_args(index_args, python, ca_bundle)]
-    if constraints:
-        (staging / "constraints.txt").write_text("\n".join(constraints) + "\n")
-        argv += ["--constraint", str(staging / "constraints.txt")]
-    argv += list(requirements)
-    result = proc.run(argv, env=env, timeout_s=3600, log_path=log_path)
-    if not result.ok:
-        shutil.rmtree(staging, ignore_errors=True)
-        if is_network_failure(result.tail):  # the same classification as the venv backend's installs
-            raise InfraError(f"downloading wheels for {' '.join(requirements)} failed: an index could not be reached",
-                             hint=result.tail[-1500:])
-        raise WheelhouseFailed(f"downloading wheels for {' '.join(requirements)} failed (exit {result.returncode})",
-                               result.tail)
-    wheels = tuple(sorted((Wheel(p.name, _sha256(p)) for p in staging.glob("*.whl")), key=lambda w: w.filename))
-    (staging / "wheels.json").write_text(json.dumps([w.__dict__ for w in wheels], indent=1))
-    shutil.rmtree(path, ignore_errors=True)
-    staging.rename(path)
+    with cached_dir(path) as staging:
+        staging.mkdir()
+        argv = [*pip_command(), "download", "-d", str(staging), *download_args(index_args, python, ca_bundle)]
+        if constraints:
+            (staging / "constraints.txt").write_text("\n".join(constraints) + "\n")
+            argv += ["--constraint", str(staging / "constraints.txt")]
+        argv += list(requirements)
+        result = proc.run(argv, env=env, timeout_s=3600, log_path=log_path)
+        if not result.ok:
+            if is_network_failure(result.tail):  # the same classification as the venv backend's installs
+                raise InfraError(f"downloading wheels for {' '.join(requirements)} failed: an index could not be "
+                                 "reached", hint=result.tail[-1500:])
+            raise WheelhouseFailed(f"downloading wheels for {' '.join(requirements)} failed (exit "
+                                   f"{result.returncode})", result.tail)
+        wheels = tuple(sorted((Wheel(p.name, _sha256(p)) for p in staging.glob("*.whl")), key=lambda w: w.filename))
+        (staging / "wheels.json").write_text(json.dumps([w.__dict__ for w in wheels], indent=1))
     return Wheelhouse(path, wheels)
 
 
