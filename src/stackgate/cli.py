@@ -14,6 +14,7 @@ from pathlib import Path
 
 from stackgate import __version__, fleet, options
 from stackgate.errors import ConfigError, ExitCode, InfraError, Interrupted, StackgateError, disk_full
+from stackgate.sources import DEBIAN_MIRROR
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -88,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     base = sub.add_parser("base-image", help="bootstrap the local Debian base image (debootstrap + docker import)")
     base.add_argument("--tag", default="stackgate/base:bookworm")
-    base.add_argument("--mirror", default="http://deb.debian.org/debian")
+    base.add_argument("--mirror", default=DEBIAN_MIRROR)
     base.add_argument("--force", action="store_true", help="rebuild even if the tag exists")
 
     prune = sub.add_parser("prune", help="remove old stack images (keeps the newest per stack) and build stages")

@@ -18,6 +18,7 @@ from typing import Literal, NamedTuple, TypeVar, cast, get_args
 
 from stackgate import shipped, tomlfile
 from stackgate.errors import ConfigError
+from stackgate.sources import DEBIAN_MIRROR
 
 T = TypeVar("T")
 BackendName = Literal["auto", "venv", "docker"]
@@ -229,7 +230,7 @@ class Options:
                                                "masked as *** in every report and log)", repeat=True, metavar="NAME")
     bootstrap_base: bool = opt(True, _bool, "never debootstrap a local base image when the configured base is "
                                             "missing", negate="--no-bootstrap-base")
-    debian_mirror: str = opt("http://deb.debian.org/debian", str, "Debian mirror for the base-image bootstrap")
+    debian_mirror: str = opt(DEBIAN_MIRROR, str, "Debian mirror for the base-image bootstrap")
     ca_bundle: str | None = opt(None, str, "extra CA bundle for resolving wheels on the host (never enters an "
                                            "image)")
     sources: Mapping[str, str] = field(default_factory=dict, metadata={"internal": True})

@@ -23,5 +23,6 @@ def resource(*parts: str) -> Path:
 BUNDLED_SUITE = resource("integration_tests")
 MATRIX_DIR = resource("matrix")
 DOCKERFILE_TEMPLATE = resource("images", "Dockerfile.template")
+SUITE_STEP = resource("images", "suite-requirements.Dockerfile")  # the suite's own wheels: a step of its own
 NODE_INIT = resource("images", "node-init.py")  # PID 1 of every node container
 

@@ -20,6 +20,8 @@ from stackgate import proc
 from stackgate.errors import ConfigError, InfraError
 from stackgate.model import WheelSource
 
+DEBIAN_MIRROR = "http://deb.debian.org/debian"  # where the local base image is bootstrapped from (debootstrap)
+
 
 @dataclass(frozen=True)
 class PipConfig:

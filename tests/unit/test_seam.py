@@ -230,3 +230,17 @@ def test_no_module_over_450_lines() -> None:
     sizes = {str(p.relative_to(SRC)): len(p.read_text().splitlines()) for p in SRC.rglob("*.py")
              if not p.is_relative_to(SRC / "resources")}
     assert {k: n for k, n in sizes.items() if n > 450} == {}
+
+
+def test_in_image_paths_and_constants_are_spelled_once() -> None:
+    """The SBOM path, the suite's place in the image, the mount points, the rendezvous port and the Debian
+    mirror each have one home; Python writes no Dockerfile instruction (the fragments are resources)."""
+    homes = {r'"/opt/': "backends/docker/layout.py", r'"/sg/': "backends/docker/layout.py",
+             r"\b29400\b": "suite.py", r"deb\.debian\.org": "sources.py"}
+    for needle, home in homes.items():
+        found = {str(p.relative_to(SRC)) for p in SRC.rglob("*.py") if not p.is_relative_to(SRC / "resources")
+                 and re.search(needle, p.read_text())}
+        assert found == {home}, needle
+    dockerfile_lines = re.compile(r"""["'](?:FROM|RUN|COPY|ENV|LABEL|WORKDIR) """)
+    assert {str(p.relative_to(SRC)) for p in (SRC / "backends").rglob("*.py") if dockerfile_lines.search(p.read_text())} \
+        == set()

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from stackgate import suite_deps
-from stackgate.backends.docker import images
+from stackgate.backends.docker import images, layout
 from stackgate.errors import ConfigError
 from stackgate.options import read as read_options
 from stackgate.plan import SUITE_REQUIREMENTS
@@ -140,7 +140,7 @@ def test_the_suite_step_is_its_own_layer_after_the_stack() -> None:
     with_suite = images.render(template, base="b", requirements=["torch==2.13.0+cpu"], label_map={},
                                suite_requirements=["einops>=0.8", "recsys-kit==0.3.0"])
     stack_step = with_suite.index("COPY --from=build /opt/venv /opt/venv")
-    suite_step = with_suite.index(f"COPY suite-wheels {images.SUITE_WHEELS}")
+    suite_step = with_suite.index(f"COPY suite-wheels {layout.SUITE_WHEELS}")
     assert stack_step < suite_step < with_suite.index("pip freeze --all")  # the SBOM includes the suite's packages
     assert "'einops>=0.8' 'recsys-kit==0.3.0'" in with_suite and "pip check" in with_suite[suite_step:]
     assert "file://" not in with_suite

@@ -121,7 +121,7 @@ def test_options_bad_values(tmp_path: Path) -> None:
 def test_suite_env_pairs() -> None:
     given = options.read({"suite_env": ["NCCL_NET=AWS Libfabric", "FI_EFA_SET_CUDA_SYNC_MEMOPS=0"]}, {})
     assert given.suite_env == (("NCCL_NET", "AWS Libfabric"), ("FI_EFA_SET_CUDA_SYNC_MEMOPS", "0"))
-    with pytest.raises(ConfigError, match="--suite-env=.*'NOVALUE' must be KEY=VALUE"):
+    with pytest.raises(ConfigError, match=r"--suite-env=.*'NOVALUE' must be KEY=VALUE"):
         options.read({"suite_env": ["NOVALUE"]}, {})  # refused when options are read, before any resolution
     opts = options.read({}, {"STACKGATE_SUITE_ENV": "A=1 2\nB=3"})
     assert opts.suite_env == (("A", "1 2"), ("B", "3"))

@@ -14,17 +14,17 @@ from typing import Any
 from stackgate import proc, shipped
 from stackgate.backends.base import TORCH_PROBE, EnvHandle, Execution, PrepareFailed, torch_probe_problem
 from stackgate.backends.docker import images
+from stackgate.backends.docker import layout as inside
 from stackgate.backends.docker.engine import BuildError, ContainerExit, ContainerSpec, Engine
 from stackgate.compat import CompatTable
 from stackgate.errors import InfraError
 from stackgate.installer import is_disk_full
 from stackgate.model import Stack
 from stackgate.plan import requirements
-from stackgate.sources import PipConfig, host_config_problem, installer_args
+from stackgate.sources import DEBIAN_MIRROR, PipConfig, host_config_problem, installer_args
 from stackgate.suite import RDZV_PORT, Layout, NodeCommand, NodeExit, suite_digest
 from stackgate.suite_deps import SuiteDeps
 
-SUITE_IN_IMAGE = "/opt/stackgate/suite"
 # PID 1 of every node container: runs the node's command, then ends and names what it left running
 NODE_INIT = shipped.NODE_INIT.read_text()
 
@@ -34,7 +34,7 @@ class DockerBackend:
 
     def __init__(self, engine: Engine, cache_dir: Path, compat: CompatTable, host_pip: PipConfig,
                  env: Mapping[str, str], *, suite_dir: Path, allow_bootstrap: bool = True,
-                 mirror: str = "http://deb.debian.org/debian", ca_bundle: str | None = None,
+                 mirror: str = DEBIAN_MIRROR, ca_bundle: str | None = None,
                  say: Callable[[str], None] = print, deps: SuiteDeps | None = None) -> None:
         self.engine = engine
         self.cache_dir = cache_dir
@@ -81,7 +81,8 @@ class DockerBackend:
             raise PrepareFailed(f"{exc}: {what} ({_conflict(exc.log_tail)})", exc.log_tail) from None
         template = images.TEMPLATE.read_text()
         every = images.Wheelhouse(house.path, house.wheels + (suite_house.wheels if suite_house else ()))
-        key = images.image_key(template, base_id, every, suite_digest(self.suite_dir), [*reqs, *extra])
+        recipe = template + (shipped.SUITE_STEP.read_text() if extra else "")  # what renders the Dockerfile
+        key = images.image_key(recipe, base_id, every, suite_digest(self.suite_dir), [*reqs, *extra])
         tag = f"stackgate/stack:{stack.label}-{key}"
         found = self.engine.image_labels(tag)
         if found is not None:
@@ -113,7 +114,7 @@ class DockerBackend:
         sbom = {"kind": "image", "tag": tag, "key": key, "labels": {k: v for k, v in found.items() if k != "_id"},
                 "image_id": found.get("_id", ""), "wheels": [w.filename for w in every.wheels]}
         try:
-            sbom["packages"] = self.engine.read_file(tag, "/opt/stackgate/sbom/pip-freeze.txt").split()
+            sbom["packages"] = self.engine.read_file(tag, str(inside.PIP_FREEZE)).split()
         except Exception as exc:
             sbom["sbom_error"] = str(exc)
         return EnvHandle(stack, tag, key, reused=reused, prepare_s=time.monotonic() - start, sbom=sbom)
@@ -133,23 +134,23 @@ class DockerBackend:
     def layout(self, handle: EnvHandle, exe: Execution) -> Layout:
         """Nodes are containers: the cell's directories are mounted at /sg/..., the bundled suite is
         in the image, a user's suite is mounted read-only, and node0 hosts the rendezvous."""
-        suite_path = SUITE_IN_IMAGE if exe.suite == self.suite_dir.resolve() else "/sg/suite"
-        return Layout(python="python", out=Path("/sg/out"), artifacts=Path("/sg/artifacts"), shared=Path("/sg/shared"),
-                      suite=Path(suite_path), bundled=Path(SUITE_IN_IMAGE),
+        suite_path = inside.SUITE_IN_IMAGE if exe.suite == self.suite_dir.resolve() else inside.USER_SUITE
+        return Layout(python="python", out=Path(inside.OUT), artifacts=Path(inside.ARTIFACTS), shared=Path(inside.SHARED),
+                      suite=Path(suite_path), bundled=Path(inside.SUITE_IN_IMAGE),
                       endpoint=f"node0:{RDZV_PORT}" if exe.cell.topology.nodes > 1 else "")
 
     def execute(self, handle: EnvHandle, commands: Sequence[NodeCommand], deadline: float,
                 exe: Execution) -> tuple[NodeExit, ...]:
         """One container per node on a private internal network (no route out: torchrun's standalone
         rendezvous needs a resolvable hostname, which `--network none` does not give)."""
-        mounts = [(str(exe.workdir), "/sg/out", "rw"), (str(exe.artifacts), "/sg/artifacts", "rw"),
-                  (str(exe.shared), "/sg/shared", "rw")]
+        mounts = [(str(exe.workdir), str(inside.OUT), "rw"), (str(exe.artifacts), str(inside.ARTIFACTS), "rw"),
+                  (str(exe.shared), str(inside.SHARED), "rw")]
         if exe.suite != self.suite_dir.resolve():
-            mounts.append((str(exe.suite), "/sg/suite", "ro"))
+            mounts.append((str(exe.suite), str(inside.USER_SUITE), "ro"))
         label = commands[0].label if commands else "none"
         reports = [f"leftovers-node{c.node}-{c.label}.txt" for c in commands]
         specs = [ContainerSpec(name=f"sg-{exe.tag}-{c.label}-node{c.node}", image=handle.ref,
-                               command=("python", "-c", NODE_INIT, f"/sg/out/{r}", "--", *c.argv),
+                               command=("python", "-c", NODE_INIT, str(inside.OUT / r), "--", *c.argv),
                                env=dict(c.env), mounts=tuple(mounts), hostname=f"node{c.node}",
                                gpu=exe.cell.device == "cuda", user=f"{os.getuid()}:{os.getgid()}", workdir=str(c.cwd))
                  for c, r in zip(commands, reports, strict=True)]

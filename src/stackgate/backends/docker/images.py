@@ -20,11 +20,12 @@ from typing import Any
 from packaging.utils import parse_wheel_filename
 
 from stackgate import proc
+from stackgate.backends.docker import layout
 from stackgate.backends.docker.engine import Engine
 from stackgate.errors import InfraError
 from stackgate.installer import cache_lock, cached_dir, is_network_failure
 from stackgate.model import Stack
-from stackgate.shipped import DOCKERFILE_TEMPLATE
+from stackgate.shipped import DOCKERFILE_TEMPLATE, SUITE_STEP
 from stackgate.sources import PipConfig, pip_command
 
 TEMPLATE = DOCKERFILE_TEMPLATE
@@ -172,7 +173,7 @@ def labels(stack: Stack, house: Wheelhouse, base: str, base_id: str, key: str) -
         "org.stackgate.python": stack.python,
         "org.stackgate.base": base,
         "org.stackgate.base-digest": base_id,
-        "org.stackgate.sbom": "/opt/stackgate/sbom/pip-freeze.txt",
+        "org.stackgate.sbom": str(layout.PIP_FREEZE),
     }
 
 
@@ -183,20 +184,17 @@ def image_key(template: str, base_id: str, house: Wheelhouse, suite_hash: str, r
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-SUITE_WHEELS = "/opt/stackgate/suite-wheels"
-
-
 def render(template: str, *, base: str, requirements: Sequence[str], label_map: dict[str, str],
            suite_requirements: Sequence[str] = ()) -> str:
     """The Dockerfile. The suite's own requirements go into a step of their own after the stack's
-    venv, so a change to them rebuilds a small layer, not the stack."""
-    label_text = "LABEL " + " \\\n      ".join(f"{k}={json.dumps(v)}" for k, v in sorted(label_map.items()))
+    venv (the fragment `suite-requirements.Dockerfile`), so a change to them rebuilds a small layer,
+    not the stack."""
+    label_text = " \\\n      ".join(f"{k}={json.dumps(v)}" for k, v in sorted(label_map.items()))
     suite_step = ""
     if suite_requirements:
-        suite_step = (f"COPY suite-wheels {SUITE_WHEELS}\n"
-                      f"RUN /opt/venv/bin/pip install --no-index --no-cache-dir --find-links {SUITE_WHEELS} "
-                      f"{' '.join(_quote(r) for r in suite_requirements)} \\\n"
-                      f" && /opt/venv/bin/pip check \\\n && rm -rf {SUITE_WHEELS}")
+        suite_step = (SUITE_STEP.read_text().rstrip("\n").replace("{{SUITE_WHEELS}}", str(layout.SUITE_WHEELS))
+                      .replace("{{VENV}}", str(layout.VENV))
+                      .replace("{{SUITE_REQUIREMENTS}}", " ".join(_quote(r) for r in suite_requirements)))
     return (template.replace("{{BASE}}", base)
             .replace("{{REQUIREMENTS}}", " ".join(_quote(r) for r in requirements))
             .replace("{{SUITE_REQUIREMENTS}}", suite_step)
