@@ -7,10 +7,36 @@ import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol, TypedDict
 
 from stackgate.model import Cell, Stack
 from stackgate.suite import Layout, NodeCommand, NodeExit
+
+
+class Sbom(TypedDict, total=False):
+    """What an environment holds, as its backend recorded it when it was built (or checked)."""
+
+    kind: str  # "venv" | "image"
+    key: str  # the content key of everything that went in
+    packages: list[str]  # `pip freeze` of the stack's environment
+    requirements: list[str]  # venv: what was installed
+    python: str
+    created: float
+    tag: str  # image: its tag, its labels, its id, the wheels it was built from
+    labels: dict[str, str]
+    image_id: str
+    wheels: list[str]
+    sbom_error: str  # image: why its SBOM could not be read
+
+
+class Described(TypedDict, total=False):
+    """A backend's account of where a cell ran (merged into the result's environment)."""
+
+    backend: str
+    env_key: str
+    image: str
+    image_labels: dict[str, str]
+    launcher: str
 
 
 @dataclass(frozen=True)
@@ -22,7 +48,7 @@ class EnvHandle:
     key: str  # content hash of everything that went in
     reused: bool
     prepare_s: float
-    sbom: dict[str, Any] = field(default_factory=dict)
+    sbom: Sbom = field(default_factory=Sbom)
 
 
 # A cached environment's check, the same on every backend: its interpreter imports torch at the version
@@ -74,7 +100,7 @@ class Backend(Protocol):
     def execute(self, handle: EnvHandle, commands: Sequence[NodeCommand], deadline: float,
                 exe: Execution) -> tuple[NodeExit, ...]: ...
 
-    def describe(self, handle: EnvHandle) -> dict[str, Any]: ...
+    def describe(self, handle: EnvHandle) -> Described: ...
 
     def close(self) -> None: ...
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 from xml.sax.saxutils import quoteattr
 
-from stackgate.backends.base import EnvHandle, Execution
+from stackgate.backends.base import Described, EnvHandle, Execution
 from stackgate.model import Stack
 from stackgate.suite import RDZV_PORT, Layout, NodeCommand, NodeExit
 
@@ -76,7 +76,7 @@ class MemoryBackend:
         self.executed += commands
         return tuple(self.script(command, exe) for command in commands)
 
-    def describe(self, handle: EnvHandle) -> dict[str, Any]:
+    def describe(self, handle: EnvHandle) -> Described:
         return {"backend": "memory", "env_key": handle.key}
 
     def close(self) -> None:

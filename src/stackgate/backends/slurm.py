@@ -20,10 +20,9 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from stackgate import masking, proc
-from stackgate.backends.base import Backend, EnvHandle, Execution, free_port
+from stackgate.backends.base import Backend, Described, EnvHandle, Execution, free_port
 from stackgate.errors import ConfigError, InfraError
 from stackgate.model import Cell, SlurmSpec, Stack
 from stackgate.suite import Layout, NodeCommand, NodeExit
@@ -168,7 +167,7 @@ class SlurmBackend:
         return Layout(python=layout.python, out=layout.out, artifacts=layout.artifacts, shared=layout.shared,
                       suite=layout.suite, bundled=layout.bundled, endpoint=f"${ENDPOINT}")
 
-    def describe(self, handle: EnvHandle) -> dict[str, Any]:
+    def describe(self, handle: EnvHandle) -> Described:
         return {**self.inner.describe(handle), "launcher": "slurm"}
 
     def close(self) -> None:

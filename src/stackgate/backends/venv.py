@@ -17,10 +17,18 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from stackgate import proc
-from stackgate.backends.base import TORCH_PROBE, EnvHandle, Execution, PrepareFailed, free_port, torch_probe_problem
+from stackgate.backends.base import (
+    TORCH_PROBE,
+    Described,
+    EnvHandle,
+    Execution,
+    PrepareFailed,
+    Sbom,
+    free_port,
+    torch_probe_problem,
+)
 from stackgate.compat import CompatTable
 from stackgate.errors import InfraError
 from stackgate.installer import cache_lock, cached_dir, is_disk_full, is_network_failure
@@ -148,8 +156,8 @@ class VenvBackend:
                                          hint="free space, or pass --cache-dir on a larger disk")
                     raise PrepareFailed(f"installing {stack.label} failed (exit {result.returncode})", result.tail)
             freeze = proc.capture([*uv, "pip", "freeze", "--python", str(staging / "bin" / "python")], env=env)
-            sbom = {"key": key, "requirements": reqs, "packages": freeze.split(),
-                    "python": stack.python, "kind": "venv", "created": time.time()}
+            sbom = Sbom(key=key, requirements=reqs, packages=freeze.split(), python=stack.python, kind="venv",
+                        created=time.time())
             (staging / MARKER).write_text(json.dumps(sbom, indent=1))
         _fix_activation_paths(root, staging)
         return EnvHandle(stack, str(python), key, reused=False, prepare_s=time.monotonic() - start, sbom=sbom)
@@ -201,7 +209,7 @@ class VenvBackend:
                 done[0] = dataclasses.replace(done[0], leftovers=tuple(f"pid {pid}: {cmd}" for pid, cmd in ended))
         return tuple(done)
 
-    def describe(self, handle: EnvHandle) -> dict[str, Any]:
+    def describe(self, handle: EnvHandle) -> Described:
         return {"backend": "venv", "env_key": handle.key}
 
     def close(self) -> None:

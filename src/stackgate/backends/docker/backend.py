@@ -9,10 +9,17 @@ import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 from stackgate import proc, shipped
-from stackgate.backends.base import TORCH_PROBE, EnvHandle, Execution, PrepareFailed, torch_probe_problem
+from stackgate.backends.base import (
+    TORCH_PROBE,
+    Described,
+    EnvHandle,
+    Execution,
+    PrepareFailed,
+    Sbom,
+    torch_probe_problem,
+)
 from stackgate.backends.docker import images
 from stackgate.backends.docker import layout as inside
 from stackgate.backends.docker.engine import BuildError, ContainerExit, ContainerSpec, Engine
@@ -111,8 +118,8 @@ class DockerBackend:
             reused = False
         else:
             reused = True
-        sbom = {"kind": "image", "tag": tag, "key": key, "labels": {k: v for k, v in found.items() if k != "_id"},
-                "image_id": found.get("_id", ""), "wheels": [w.filename for w in every.wheels]}
+        sbom = Sbom(kind="image", tag=tag, key=key, labels={k: v for k, v in found.items() if k != "_id"},
+                    image_id=found.get("_id", ""), wheels=[w.filename for w in every.wheels])
         try:
             sbom["packages"] = self.engine.read_file(tag, str(inside.PIP_FREEZE)).split()
         except Exception as exc:
@@ -172,7 +179,7 @@ class DockerBackend:
                          + "; ".join(x[:80] for x in done.leftovers))
         return tuple(exits)
 
-    def describe(self, handle: EnvHandle) -> dict[str, Any]:
+    def describe(self, handle: EnvHandle) -> Described:
         return {"backend": "docker", "image": handle.ref, "env_key": handle.key,
                 "image_labels": handle.sbom.get("labels", {})}
 
