@@ -13,8 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from stackgate import __version__, fleet, options
-from stackgate.errors import ConfigError, ExitCode, InfraError, Interrupted, StackgateError, disk_full
-from stackgate.sources import DEBIAN_MIRROR
+from stackgate.errors import ExitCode, InfraError, Interrupted, StackgateError, disk_full
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -34,11 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     cal = sub.add_parser("calibrate", help="A/A runs of production: this runner's noise per gated metric, "
                                            "and the tolerance and repeats a target change needs")
-    cal.add_argument("--runs", type=int, default=6, help="A/A runs (pairs are consecutive runs; default 6)")
-    cal.add_argument("--target", type=float, default=0.05, help="the change to detect (default 0.05 = 5%%)")
-    cal.add_argument("--allow", type=float, help="the change that must still pass: the recommended tolerance "
-                                                 "(default a fifth of the target: 0.01 for 0.05)")
     options.add_arguments(cal, "run")
+    options.add_arguments(cal, "calibrate")
 
     bis = sub.add_parser("bisect", help="the first bad nightly between a good and a bad one (binary search by date)")
     bis.add_argument("--good", metavar="VERSION", help="a nightly that passes, e.g. 2.15.0.dev20261120")
@@ -74,13 +70,11 @@ def build_parser() -> argparse.ArgumentParser:
     mx = sub.add_parser("matrix", help="matrix tools").add_subparsers(dest="matrix_command", required=True)
     show = mx.add_parser("show", help="print the expanded matrix with reasons")
     show.add_argument("file", nargs="?", help="matrix file or bundled name (default: the bundled upgrade.toml)")
-    show.add_argument("--config-dir", help="default: the bundled data")
-    show.add_argument("--candidate")
-    show.add_argument("--only", action="append", default=[])
+    options.add_arguments(show, "matrix show")  # --matrix (as the file), --config-dir, --candidate, --only
     show.add_argument("--json", action="store_true")
 
     hist = sub.add_parser("history", help="list past runs")
-    hist.add_argument("--history", default="reports/history.sqlite")
+    options.add_arguments(hist, "history")  # --history
     hist.add_argument("--limit", type=int, default=20)
     hist.add_argument("--matrix")
     hist.add_argument("--json", action="store_true")
@@ -89,7 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     base = sub.add_parser("base-image", help="bootstrap the local Debian base image (debootstrap + docker import)")
     base.add_argument("--tag", default="stackgate/base:bookworm")
-    base.add_argument("--mirror", default=DEBIAN_MIRROR)
+    options.add_arguments(base, "base-image")  # --debian-mirror
+    base.add_argument("--mirror", dest="debian_mirror", default=None, help="the same as --debian-mirror")
     base.add_argument("--force", action="store_true", help="rebuild even if the tag exists")
 
     prune = sub.add_parser("prune", help="remove old stack images (keeps the newest per stack) and build stages")
@@ -157,16 +152,9 @@ def _dispatch(args: argparse.Namespace) -> int:
         return bisect.run(opts, dict(os.environ), good=args.good, bad=args.bad, resume=args.resume)
     if args.command == "calibrate":
         from stackgate.commands.calibrate import calibrate
-        if not 4 <= args.runs <= 200 or args.runs % 2:
-            raise ConfigError(f"--runs {args.runs}: need an even number from 4 to 200 (A/A pairs)")
-        if not 0 < args.target < 1:
-            raise ConfigError(f"--target {args.target}: a fraction such as 0.05")
-        allow = args.target / 5 if args.allow is None else args.allow
-        if not 0 <= allow < args.target:
-            raise ConfigError(f"--allow {allow}: the change that must pass must be >= 0 and below --target {args.target}")
-        cli = {k: v for k, v in vars(args).items() if k not in ("command", "runs", "target", "allow")}
-        opts = options.read(cli, os.environ, Path("stackgate.toml"))
-        return calibrate(opts, dict(os.environ), runs=args.runs, target=args.target, allow=allow)
+        opts = options.read({k: v for k, v in vars(args).items() if k != "command"}, os.environ, Path("stackgate.toml"))
+        allow = opts.target / 5 if opts.allow is None else opts.allow
+        return calibrate(opts, dict(os.environ), runs=opts.runs, target=opts.target, allow=allow)
     if args.command == "ci":
         return _ci_github(args)
     if args.command == "compat":
@@ -229,17 +217,18 @@ def _compat_check(args: argparse.Namespace) -> int:
 def _matrix_show(args: argparse.Namespace) -> int:
     from stackgate import compat, matrix, sources
     from stackgate.versions import parse_torch
-    opts = options.read({"matrix": args.file, "config_dir": args.config_dir}, {}, None)
+    opts = options.read({"matrix": args.file or args.matrix, "config_dir": args.config_dir,
+                         "candidate": args.candidate, "only": args.only}, os.environ, Path("stackgate.toml"))
     cfg = opts.config_dir
     table = compat.load_compat(cfg / "compat.toml")
     spec = matrix.load_matrix(opts.matrix)
     production = matrix.load_production(cfg / "production.toml")
     pools = fleet.load_pools(cfg / "fleet.toml", fleet.detect_local())
-    wanted = [args.candidate] if args.candidate else list(spec.torch)
+    wanted = [opts.candidate] if opts.candidate else list(spec.torch)
     torches = [sources.newest_nightly(spec.source, sources.read_pip_config(dict(os.environ)),
                                        target=matrix.wheel_target(spec)) if t == "nightly"
                else parse_torch(t) for t in wanted]
-    exp = matrix.select(matrix.expand(spec, pools, production, table, torch_versions=torches), args.only)
+    exp = matrix.select(matrix.expand(spec, pools, production, table, torch_versions=torches), opts.only)
     if args.json:
         print(json.dumps(render_matrix_json(exp), indent=2))
         return 0
@@ -275,25 +264,25 @@ def _history(args: argparse.Namespace) -> int:
     """`stackgate history`: a database that cannot be read is exit 3 with what it is, never a traceback
     (nor exit 1, which `--last-green` uses for "no green nightly")."""
     import sqlite3
-    path = Path(args.history).absolute()
+    path = options.read({"history": args.history}, os.environ, Path("stackgate.toml")).history
     try:
-        return _history_rows(args)
+        return _history_rows(args, path)
     except sqlite3.Error as exc:
         raise InfraError(f"cannot read the history database {path}: {exc}",
                          hint="is it a stackgate history (reports/history.sqlite)? pass --history PATH, or move the "
                               "file aside and a new one is started by the next run") from None
 
 
-def _history_rows(args: argparse.Namespace) -> int:
+def _history_rows(args: argparse.Namespace, path: Path) -> int:
     from stackgate import history
     if args.last_green:
-        return _last_green(Path(args.history).absolute(), args.matrix, args.json)
-    rows = history.runs(Path(args.history).absolute(), args.limit, args.matrix)
+        return _last_green(path, args.matrix, args.json)
+    rows = history.runs(path, args.limit, args.matrix)
     if args.json:
         print(json.dumps([r.__dict__ for r in rows], indent=2))
         return 0
     if not rows:
-        print(f"no runs recorded in {args.history}")
+        print(f"no runs recorded in {path}")
         return 0
     print(f"{'run':45} {'matrix':15} {'channel':8} {'decision':13} candidate")
     for r in rows:
@@ -321,7 +310,8 @@ def _last_green(path: Path, matrix: str | None, as_json: bool) -> int:
 
 def _base_image(args: argparse.Namespace) -> int:
     from stackgate.backends import docker
-    return docker.base_image(args.tag, mirror=args.mirror, force=args.force)
+    opts = options.read({"debian_mirror": args.debian_mirror}, os.environ, Path("stackgate.toml"))
+    return docker.base_image(args.tag, mirror=opts.debian_mirror, force=args.force)
 
 
 def _prune(args: argparse.Namespace) -> int:

@@ -139,6 +139,29 @@ def _default_cache(env: Mapping[str, str]) -> str:
 
 RUN = ("run",)
 RUN_MERGE = ("run", "merge")
+CALIBRATE = ("calibrate",)  # calibrate takes the options of run, and these
+SHOW = ("matrix show",)
+
+
+def _aa_runs(v: object) -> int:
+    n = int(str(v))
+    if not 4 <= n <= 200 or n % 2:
+        raise ValueError("need an even number from 4 to 200 (A/A pairs)")
+    return n
+
+
+def _fraction(v: object) -> float:
+    x = float(str(v))
+    if not 0 < x < 1:
+        raise ValueError("a fraction such as 0.05")
+    return x
+
+
+def _share(v: object) -> float:
+    x = float(str(v))
+    if not 0 <= x < 1:
+        raise ValueError("a fraction from 0 (such as 0.01), below --target")
+    return x
 
 
 def opt(default: T, parse: Callable[[object], T], help: str, *, commands: tuple[str, ...] = RUN,
@@ -164,9 +187,9 @@ class Options:
     where its value came from (default, stackgate.toml, environment, command line)."""
 
     matrix: Path = computed(_path, "matrix file, or the name of a bundled matrix (default: the bundled upgrade.toml)",
-                            commands=RUN_MERGE)
+                            commands=(*RUN_MERGE, *SHOW))
     config_dir: Path = computed(_path, "directory with compat/fleet/production/policy TOML (default: the bundled "
-                                       "data)", commands=RUN_MERGE)
+                                       "data)", commands=(*RUN_MERGE, *SHOW))
     policy: Path | None = opt(None, _path, "gate policy file (default: the suite's stackgate-policy.toml, else "
                                            "<config-dir>/policy.toml for the bundled suite)", commands=RUN_MERGE)
     backend: BackendName = opt("auto", _backend, "how stacks are built and cells run")
@@ -174,11 +197,12 @@ class Options:
                                                                     "(pool), on this machine (local), or as Slurm "
                                                                     "jobs (slurm)")
     candidate: str | None = opt(None, str, "candidate torch version (replaces the matrix's torch axis)",
-                                commands=RUN_MERGE)
+                                commands=(*RUN_MERGE, *SHOW))
     pool: tuple[str, ...] = opt((), _list, "this runner belongs to pool NAME: run exactly that pool's cells "
                                            "(repeatable; default: the pools with detect = true)", repeat=True,
                                 metavar="NAME")
-    only: tuple[str, ...] = opt((), _list, "run only cells matching (repeatable)", repeat=True, metavar="GLOB")
+    only: tuple[str, ...] = opt((), _list, "run only cells matching (repeatable)", repeat=True, metavar="GLOB",
+                                commands=(*RUN, *SHOW))
     shard: Shard | None = opt(None, _shard, "run shard I of N (pairs of cells stay together)", metavar="I/N")
     profile: ProfileName = opt("default", _profile, "suite profile", commands=RUN_MERGE)
     timeout: float = opt(1800.0, _seconds, "per-cell timeout in seconds (at most a week)")
@@ -218,7 +242,8 @@ class Options:
                                metavar="DAYS")
     nightly_index: str | None = opt(None, str, "a nightly index with one directory per variant, like PyTorch's "
                                                "(URL/<variant>/torch/...)", commands=RUN_MERGE, metavar="URL")
-    history: Path = computed(_path, "history database (default <reports>/history.sqlite)", commands=RUN_MERGE)
+    history: Path = computed(_path, "history database (default <reports>/history.sqlite)",
+                             commands=(*RUN_MERGE, "history"))
     rollback: bool = opt(True, _bool, "skip the rollback phase (production reading the candidate's artifacts)",
                          negate="--no-rollback")
     platform_checks: bool = opt(True, _bool, "with --suite: do not add the bundled identity/collective/transport "
@@ -230,15 +255,20 @@ class Options:
                                                "masked as *** in every report and log)", repeat=True, metavar="NAME")
     bootstrap_base: bool = opt(True, _bool, "never debootstrap a local base image when the configured base is "
                                             "missing", negate="--no-bootstrap-base")
-    debian_mirror: str = opt(DEBIAN_MIRROR, str, "Debian mirror for the base-image bootstrap")
+    debian_mirror: str = opt(DEBIAN_MIRROR, str, "Debian mirror for the base-image bootstrap",
+                             commands=(*RUN, "base-image"))
     ca_bundle: str | None = opt(None, str, "extra CA bundle for resolving wheels on the host (never enters an "
                                            "image)")
+    runs: int = opt(6, _aa_runs, "A/A runs (pairs are consecutive runs; default 6)", commands=CALIBRATE)
+    target: float = opt(0.05, _fraction, "the change to detect (default 0.05 = 5%%)", commands=CALIBRATE)
+    allow: float | None = opt(None, _share, "the change that must still pass: the recommended tolerance (default a "
+                                            "fifth of the target: 0.01 for 0.05)", commands=CALIBRATE)
     sources: Mapping[str, str] = field(default_factory=dict, metadata={"internal": True})
 
     def describe(self) -> dict[str, dict[str, object]]:
-        """Every option's value and where it came from, for report.json."""
+        """Every option of a run (or merge): its value and where it came from, for report.json."""
         return {f.name: {"value": _shown(getattr(self, f.name)), "from": self.sources.get(f.name, "default")}
-                for f in declared()}
+                for f in declared() if {"run", "merge"} & set(f.metadata["commands"])}
 
 
 def flag_of(name: str) -> str:
@@ -338,6 +368,9 @@ def read(cli: Mapping[str, object], env: Mapping[str, str], project_file: Path |
     reports = values["reports"]
     if values["history"] is None and isinstance(reports, Path):
         values["history"] = reports / "history.sqlite"
+    target, allow = values["target"], values["allow"]
+    if isinstance(target, float) and isinstance(allow, float) and allow >= target:
+        raise ConfigError(f"--allow {allow}: the change that must pass must be below --target {target}")
     built = Options()
     for name, value in {**values, "sources": sources}.items():  # each value came through its field's parser
         object.__setattr__(built, name, value)

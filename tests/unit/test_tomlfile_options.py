@@ -75,7 +75,7 @@ def test_every_option_is_declared_once_for_argparse_the_cascade_and_the_report()
     opts = options.read(args, {}, None)
     assert opts.pytest_args == ("-k", "x") and opts.rollback is False and opts.pool == ("cpu-a",)
     assert opts.describe()["pool"] == {"value": ["cpu-a"], "from": "command line"}
-    assert set(opts.describe()) == {f.name for f in options.declared()}
+    assert set(opts.describe()) == {f.name for f in (*options.declared("run"), *options.declared("merge"))}
     with pytest.raises(SystemExit):
         parser.parse_args(["--profile", "huge"])  # choices come from the declaration's parser
 
@@ -183,3 +183,21 @@ def test_timeout_nan_in_stackgate_toml(tmp_path: Path) -> None:
     project = _write(tmp_path, "[run]\ntimeout = nan\n", "stackgate.toml")
     with pytest.raises(ConfigError, match="timeout"):
         options.read({}, {}, project)
+
+
+def test_calibrate_history_show_and_base_image_options_are_in_the_cascade(tmp_path: Path) -> None:
+    """#20: their flags were declared in cli.py beside the cascade; now stackgate.toml and STACKGATE_*
+    reach them too, and a bad value is refused when options are read."""
+    project = _write(tmp_path, "[run]\nruns = 8\ntarget = 0.1\nhistory = 'h/history.sqlite'\n", "stackgate.toml")
+    opts = options.read({}, {"STACKGATE_DEBIAN_MIRROR": "http://mirror.local/debian"}, project, cwd=tmp_path)
+    assert (opts.runs, opts.target, opts.allow) == (8, 0.1, None)
+    assert opts.history == tmp_path / "h" / "history.sqlite" and opts.debian_mirror == "http://mirror.local/debian"
+    with pytest.raises(ConfigError, match=r"STACKGATE_RUNS='5': need an even number from 4 to 200"):
+        options.read({}, {"STACKGATE_RUNS": "5"})
+    with pytest.raises(ConfigError, match=r"--allow 0\.2: the change that must pass must be below --target 0\.05"):
+        options.read({"allow": "0.2"}, {})
+    assert "runs" not in options.read({}, {}).describe()  # calibrate's own options are not a run's
+    from stackgate.cli import build_parser
+    parsed = build_parser().parse_args(["matrix", "show", "--only", "*cpu*", "--candidate", "2.14.1"])
+    assert (parsed.only, parsed.candidate) == (["*cpu*"], "2.14.1")
+    assert build_parser().parse_args(["base-image", "--mirror", "http://m"]).debian_mirror == "http://m"
