@@ -56,7 +56,7 @@ def record_stopped(run_dir: Path, cells: Sequence[Cell], unfit: Mapping[str, pro
     guard stopped: each is recorded (unless a resumed run has its result), with the evidence."""
     done = results.read(run_dir)
     for cell in cells:
-        if cell.id in done and not done[cell.id].status.is_machinery:
+        if results.kept(done, cell.id) is not None:
             continue
         found = unfit.get(cell.pool.name)
         if found is not None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -98,6 +99,13 @@ def read_all(run_dir: Path) -> ResultLines:
 def read(run_dir: Path) -> dict[str, CellResult]:
     """Last result per cell id; lines that are not results are left out (see `read_all`)."""
     return read_all(run_dir).results
+
+
+def kept(recorded: Mapping[str, CellResult], result_id: str) -> CellResult | None:
+    """The recorded result a resumed run keeps, or None: there is none, or the machinery failed it
+    (an infra or host error, no nightly build), so it is run again."""
+    found = recorded.get(result_id)
+    return found if found is not None and not found.status.is_machinery else None
 
 
 def resume_dir(reports: Path, run_id: str) -> Path:

@@ -141,8 +141,8 @@ class Runner:
         attempts after it are not made."""
         recorded = results.read(self.ctx.run_dir)
         for attempt in attempts:
-            earlier = recorded.get(attempt.result_id)
-            if earlier is not None and not earlier.status.is_machinery:
+            earlier = results.kept(recorded, attempt.result_id)
+            if earlier is not None:
                 if say_skipped:
                     self.console.say(f"skip {attempt.result_id}: finished in the resumed run ({earlier.status.value})")
                 continue
