@@ -222,15 +222,6 @@ def _topology_word(doc: tomlfile.Doc, word: str, *where: str) -> str:
     raise doc.error(f"unknown topology {word!r}", *where, "topology", hint="use 'node', 'pool' or NODESxPROCS such as 2x2")
 
 
-def _parse(doc: tomlfile.Doc, parser: Any, value: Any, *keys: str) -> Any:
-    try:
-        return parser(value)
-    except ConfigError as exc:
-        raise doc.error(str(exc), *keys, hint=exc.hint) from None
-    except ValueError as exc:
-        raise doc.error(str(exc), *keys) from None
-
-
 # -------------------------------------------------------------------------------------------- expand
 
 def resolve_topology(word: str, pool: RunnerPool) -> Topology | str:
