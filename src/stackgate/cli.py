@@ -146,7 +146,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         opts = options.read(cli, os.environ, Path("stackgate.toml"))
         return merge(opts, dict(os.environ), [Path(b).absolute() for b in args.bundles])
     if args.command == "bisect":
-        from stackgate import bisect
+        from stackgate.commands import bisect
         cli = {k: v for k, v in vars(args).items() if k not in ("command", "good", "bad", "resume")}
         opts = options.read({**cli, "matrix": cli.get("matrix") or "nightly"}, os.environ, Path("stackgate.toml"))
         return bisect.run(opts, dict(os.environ), good=args.good, bad=args.bad, resume=args.resume)

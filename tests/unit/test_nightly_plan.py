@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 from packaging.version import Version
 
-from stackgate import bisect, compat, nightly, shipped
+from stackgate import compat, nightly, shipped
+from stackgate.commands import bisect
 from stackgate.model import Cell, CellResult, GpuClass, Role, RunnerPool, Stack, Status, Topology, WheelSource
 from stackgate.sources import PipConfig, Target, newest_nightly
 from stackgate.versions import CudaVariant
