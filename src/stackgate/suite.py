@@ -133,8 +133,10 @@ def pytest_argv(python: str, invocation: Invocation, junit: Path) -> list[str]:
 
 @dataclass(frozen=True)
 class RunContext:
-    """Where a cell writes, how the run is configured, and which phase this is: `main`, or `rollback`
-    against one candidate (production reading what that candidate wrote)."""
+    """One attempt's context, the suite contract's input: where the cell writes, how the run is
+    configured, and which run of the cell this is (`phase`: main, a repeat or A/A round, or production's
+    rollback `against` one candidate), which tests (`select`) and which artifacts directory. The runner
+    makes one per attempt."""
 
     run_id: str
     run_dir: Path

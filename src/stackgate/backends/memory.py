@@ -1,5 +1,5 @@
 """The `memory` backend: runs nothing. Each node command is answered by a script that writes what
-pytest would have written (JUnit, results lines) and returns the node's exit, so the whole pipeline
+pytest would have written (JUnit, results lines) and returns the node's exit, so every command
 (plan, run, collect, decide, report) can be unit-tested without a subprocess, an installer or Docker.
 It executes the same node plan (`suite.node_commands`) as the real backends."""
 
