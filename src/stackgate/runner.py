@@ -207,6 +207,9 @@ class Runner:
         cell_dir = ctx.run_dir / "cells" / label
         for folder in (cell_dir, *cell_dir.glob(f"{ATTEMPT_PREFIX}*")):  # what the nodes and pytest wrote there
             ctx.mask.scrub(folder)
+        left = result.environment.get("leftover_processes") or []
+        if left:  # every backend reports them the same way (NodeExit.leftovers)
+            say(f"  ended {len(left)} process(es) that outlived the suite: " + "; ".join(str(x)[:80] for x in left))
         say(f"  {label}: {result.status.value} in {result.duration_s:.0f}s {result.reason[:200]}")
         return result
 

@@ -204,8 +204,6 @@ class VenvBackend:
             marks = {k: commands[0].env[k] for k in ("STACKGATE_RUN_ID", "STACKGATE_CELL") if k in commands[0].env}
             ended = proc.end_marked(marks) if len(marks) == 2 else []
             if ended:
-                self.say(f"  ended {len(ended)} process(es) that outlived the suite: "
-                         + "; ".join(f"pid {pid} ({cmd[:80]})" for pid, cmd in ended))
                 done[0] = dataclasses.replace(done[0], leftovers=tuple(f"pid {pid}: {cmd}" for pid, cmd in ended))
         return tuple(done)
 

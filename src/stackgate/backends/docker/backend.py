@@ -163,20 +163,15 @@ class DockerBackend:
                  for c, r in zip(commands, reports, strict=True)]
         ran = self.engine.run_group(specs, network=f"sg-{exe.tag}-{label}",
                                     timeout_s=max(deadline - time.monotonic(), 1), on_line=exe.on_line)
-        kept = []
-        for command, ex in zip(commands, ran, strict=True):
+        exits = []
+        for command, container, report in zip(commands, ran, reports, strict=True):
             log = proc.CappedLog(exe.workdir / f"node{command.node}.log")
-            for line in ex.log.splitlines():
+            for line in container.log.splitlines():
                 log.write(line)
             log.close()
-            kept.append(dataclasses.replace(ex, log=f"{ex.log}\n{log.problem}") if log.problem else ex)
-        ran = kept
-        exits = [_node_exit(c.node, ex, _leftovers(exe.workdir / r)) for c, ex, r in zip(commands, ran, reports,
-                                                                                          strict=True)]
-        for done in exits:
-            if done.leftovers:
-                self.say(f"  container {done.name} ended {len(done.leftovers)} process(es) that outlived the suite: "
-                         + "; ".join(x[:80] for x in done.leftovers))
+            # a node log that could not be written (a full disk) says so in the tail
+            written = dataclasses.replace(container, log=f"{container.log}\n{log.problem}") if log.problem else container
+            exits.append(_node_exit(command.node, written, _leftovers(exe.workdir / report)))
         return tuple(exits)
 
     def describe(self, handle: EnvHandle) -> Described:
