@@ -69,7 +69,7 @@ def parse_nvidia_smi(text: str) -> LocalHost:
 
 def load_pools(path: Path, local: LocalHost) -> dict[str, RunnerPool]:
     doc = tomlfile.load(path)
-    tomlfile.check_keys(doc, doc.data, ["pool"])
+    tomlfile.check_keys(doc, doc.data, ["pool", "registry"])  # [registry]: read by artifacts.from_toml
     pools: dict[str, RunnerPool] = {}
     keys = ["detect", "driver", "gpu_class", "gpu", "gpus_per_node", "transport", "nodes", "runs_on", "launcher",
             "partition", "account", "constraint"]

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, NamedTuple, TypeVar, cast, get_args
 
-from stackgate import shipped, tomlfile
+from stackgate import artifacts, shipped, tomlfile
 from stackgate.errors import ConfigError
 from stackgate.sources import DEBIAN_MIRROR
 
@@ -141,6 +141,7 @@ RUN = ("run",)
 RUN_MERGE = ("run", "merge")
 CALIBRATE = ("calibrate",)  # calibrate takes the options of run, and these
 SHOW = ("matrix show",)
+BUILD_RUN = ("run", "build")
 
 
 def _aa_runs(v: object) -> int:
@@ -259,6 +260,14 @@ class Options:
                              commands=(*RUN, "base-image"))
     ca_bundle: str | None = opt(None, str, "extra CA bundle for resolving wheels on the host (never enters an "
                                            "image)")
+    registry: str | None = opt(None, str, "registry of stack images, host[:port][/path] (default: [registry] url in "
+                                          "stackgate.toml, else in <config-dir>/fleet.toml; none: local images only)",
+                               commands=BUILD_RUN, metavar="URL")
+    repository: str | None = opt(None, str, "image name under the registry (default: [registry] repository, else "
+                                            "stackgate/stack)", commands=BUILD_RUN, metavar="NAME")
+    stacks: Path | None = opt(None, _path, "run: pull each stack by digest from this stacks.json (written by "
+                                           "`stackgate build --push`) and never build one; build: where to write it "
+                                           "(default stacks.json)", commands=BUILD_RUN, metavar="FILE")
     runs: int = opt(6, _aa_runs, "A/A runs (pairs are consecutive runs; default 6)", commands=CALIBRATE)
     target: float = opt(0.05, _fraction, "the change to detect (default 0.05 = 5%%)", commands=CALIBRATE)
     allow: float | None = opt(None, _share, "the change that must still pass: the recommended tolerance (default a "
@@ -333,10 +342,13 @@ def read(cli: Mapping[str, object], env: Mapping[str, str], project_file: Path |
         project_file = absolute(project_file, cwd)
     if project_file is not None and project_file.exists():
         doc = tomlfile.load(project_file)
-        tomlfile.check_keys(doc, doc.data, ["run"])  # a misspelled table is an error, not silently ignored
+        tomlfile.check_keys(doc, doc.data, ["run", "registry"])  # a misspelled table is an error, not ignored
         run = tomlfile.get(doc, doc.data, "run", dict, default={})
         tomlfile.check_keys(doc, run, [k.replace("_", "-") for k in fields] + list(fields), "run")
         layers.append((str(project_file), {k.replace("-", "_"): v for k, v in run.items()}))
+        url, repository = artifacts.from_toml(project_file)  # [registry] url, repository
+        layers.append((f"{project_file} [registry]", {k: v for k, v in (("registry", url), ("repository", repository))
+                                                       if v is not None}))
     layers.append(("environment", {k[len("STACKGATE_"):].lower(): v for k, v in env.items()
                                    if k.startswith("STACKGATE_") and k[len("STACKGATE_"):].lower() in fields}))
     layers.append(("command line", {k: v for k, v in cli.items() if v is not None and v not in ((), [])}))

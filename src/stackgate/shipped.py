@@ -23,6 +23,6 @@ def resource(*parts: str) -> Path:
 BUNDLED_SUITE = resource("integration_tests")
 MATRIX_DIR = resource("matrix")
 DOCKERFILE_TEMPLATE = resource("images", "Dockerfile.template")
-SUITE_STEP = resource("images", "suite-requirements.Dockerfile")  # the suite's own wheels: a step of its own
+SUITE_LAYER = resource("images", "suite-layer.Dockerfile")  # the suite's own wheels: a thin layer on a stack image
 NODE_INIT = resource("images", "node-init.py")  # PID 1 of every node container
 

@@ -10,7 +10,8 @@ import pytest
 
 from stackgate import compat, suite
 from stackgate.backends.docker import DockerBackend, images
-from stackgate.backends.docker.engine import ContainerExit, ContainerSpec, container_kwargs
+from stackgate.backends.docker.engine import ContainerExit, ContainerSpec, ImageFacts, container_kwargs
+from stackgate.errors import InfraError
 from stackgate.model import Cell, GpuClass, Role, RunnerPool, Stack, Status, Topology, WheelSource
 from stackgate.runner import run_cell
 from stackgate.sources import PipConfig
@@ -29,6 +30,10 @@ class FakeEngine:
     exit_codes: tuple[int, ...] = (0, 0)
     probe: str = "stackgate-probe 2.14.1+cu130"  # what a cached image's check prints
     removed: list[str] = field(default_factory=list)
+    digests: list[str] = field(default_factory=list)
+    pushed: list[str] = field(default_factory=list)
+    pulled: list[str] = field(default_factory=list)
+    registry: dict[str, dict[str, str]] = field(default_factory=dict)  # what a pull can fetch, by digest ref
 
     def problem(self) -> str | None:
         return None
@@ -38,9 +43,28 @@ class FakeEngine:
 
     def build(self, context: Path, tag: str, on_line: object) -> None:
         dockerfile = (context / "Dockerfile").read_text()
-        assert "--no-index" in dockerfile and (context / "suite" / "conftest.py").exists()
+        assert "--no-index" in dockerfile and not (context / "suite").exists()  # the suite is never in an image
         self.builds.append(tag)
         self.images[tag] = {"_id": f"sha256:{len(self.builds)}", "org.stackgate.torch": "2.14.1"}
+
+    def facts(self, ref: str) -> ImageFacts | None:
+        found = self.images.get(ref)
+        if found is None:
+            return None
+        return ImageFacts(found["_id"], 1000, tuple(d for d in self.digests if d.split("@")[0] in ref
+                                                    or ref.startswith(d.split("@")[0])))
+
+    def push(self, tag: str, name: str, on_line: object) -> str:
+        ref = f"{name}@sha256:{'d' * 64}"
+        self.digests.append(ref)
+        self.pushed.append(tag)
+        return ref
+
+    def pull(self, ref: str, on_line: object) -> None:
+        if ref not in self.registry:
+            raise InfraError(f"docker pull {ref} failed: manifest unknown")
+        self.pulled.append(ref)
+        self.images[ref] = self.registry[ref]
 
     def import_rootfs(self, rootfs: Path, tag: str) -> None:
         raise AssertionError("not expected")
@@ -73,7 +97,7 @@ class FakeEngine:
 def backend(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[DockerBackend, FakeEngine]:
     house = tmp_path / "cache" / "wheelhouse"
 
-    def fake_wheelhouse(cache_dir, requirements, index_args, python, ca_bundle, env, log_path):
+    def fake_wheelhouse(cache_dir, requirements, index_args, python, ca_bundle, env, log_path, constraints=()):
         house.mkdir(parents=True, exist_ok=True)
         (house / "torch-2.14.1-cp311-cp311-manylinux_2_28_x86_64.whl").write_bytes(b"t")
         (house / "nvidia_nccl_cu13-2.30.7-py3-none-manylinux_2_18_x86_64.whl").write_bytes(b"n")
@@ -143,10 +167,11 @@ def test_render_key_labels_and_download_args() -> None:
     instructions = "\n".join(line for line in text.splitlines() if not line.startswith("#"))
     assert 'org.stackgate.cudnn="9.24.0.43"' in text and "{{" not in instructions
     assert "cert" not in instructions.lower()  # no CA bundle, ever, in the image recipe
-    k1 = images.image_key("t", "sha256:base", house, "s", ["torch==2.14.1"])
-    assert k1 == images.image_key("t", "sha256:base", house, "s", ["torch==2.14.1"])
-    assert k1 != images.image_key("t", "sha256:other", house, "s", ["torch==2.14.1"])
-    assert k1 != images.image_key("t", "sha256:base", house, "s2", ["torch==2.14.1"])
+    assert "COPY suite" not in instructions and "/opt/stackgate/suite" not in instructions  # the suite: mounted
+    k1 = images.image_key("t", "sha256:base", house, ["torch==2.14.1"])
+    assert k1 == images.image_key("t", "sha256:base", house, ["torch==2.14.1"])
+    assert k1 != images.image_key("t", "sha256:other", house, ["torch==2.14.1"])
+    assert k1 != images.image_key("t", "sha256:base", house, ["torch==2.14.2"])
     args = images.download_args(["--find-links", "/opt/wheels", "--index-strategy", "unsafe-best-match",
                                  "--prerelease", "allow"], "3.11", "/etc/ca.pem")
     assert "--index-strategy" not in args and "--pre" in args and args[args.index("--cert") + 1] == "/etc/ca.pem"

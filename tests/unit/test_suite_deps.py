@@ -132,18 +132,17 @@ def test_local_wheels_enter_the_image_by_name_and_version_only() -> None:
     assert images.in_image("einops>=0.8") == "einops>=0.8"
 
 
-def test_the_suite_step_is_its_own_layer_after_the_stack() -> None:
-    template = images.TEMPLATE.read_text()
-    plain = images.render(template, base="b", requirements=["torch==2.13.0+cpu"], label_map={})
+def test_the_suite_requirements_are_a_thin_layer_on_the_stack_image() -> None:
+    plain = images.render(images.TEMPLATE.read_text(), base="b", requirements=["torch==2.13.0+cpu"], label_map={})
     steps = "\n".join(line for line in plain.splitlines() if not line.startswith("#"))
-    assert "suite-wheels" not in steps and "{{" not in steps
-    with_suite = images.render(template, base="b", requirements=["torch==2.13.0+cpu"], label_map={},
-                               suite_requirements=["einops>=0.8", "recsys-kit==0.3.0"])
-    stack_step = with_suite.index("COPY --from=build /opt/venv /opt/venv")
-    suite_step = with_suite.index(f"COPY suite-wheels {layout.SUITE_WHEELS}")
-    assert stack_step < suite_step < with_suite.index("pip freeze --all")  # the SBOM includes the suite's packages
-    assert "'einops>=0.8' 'recsys-kit==0.3.0'" in with_suite and "pip check" in with_suite[suite_step:]
-    assert "file://" not in with_suite
+    assert "suite" not in steps and "{{" not in steps  # the stack image: nothing of the suite
+    layer = images.render_layer(images.LAYER_TEMPLATE.read_text(), parent="stackgate/stack:cpu-x-1234",
+                                requirements=["einops>=0.8", "recsys-kit==0.3.0"], label_map={"org.stackgate.parent": "sha256:p"})
+    steps = "\n".join(line for line in layer.splitlines() if not line.startswith("#"))
+    assert steps.startswith("FROM stackgate/stack:cpu-x-1234\n") and "{{" not in steps
+    assert f"COPY suite-wheels {layout.SUITE_WHEELS}" in steps and "'einops>=0.8' 'recsys-kit==0.3.0'" in steps
+    assert "pip check" in steps and f"pip freeze --all > {layout.PIP_FREEZE}" in steps  # its SBOM has the suite's
+    assert 'org.stackgate.parent="sha256:p"' in steps and "file://" not in steps
 
 
 def test_the_fixture_project_builds_into_a_cached_wheel(tmp_path: Path) -> None:

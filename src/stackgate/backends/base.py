@@ -27,6 +27,9 @@ class Sbom(TypedDict, total=False):
     image_id: str
     wheels: list[str]
     sbom_error: str  # image: why its SBOM could not be read
+    size: int  # image: bytes
+    digest: str  # image: repo@sha256:... in the registry (pushed or pulled)
+    suite_layer: str  # image: the thin layer with the suite's own requirements that the cells ran
 
 
 class Described(TypedDict, total=False):
@@ -36,6 +39,9 @@ class Described(TypedDict, total=False):
     env_key: str
     image: str
     image_labels: dict[str, str]
+    image_id: str
+    image_digest: str  # repo@sha256:...: the stack image in the registry
+    stack_image: str  # the stack image under a suite layer (`image` is then the layer)
     launcher: str
 
 

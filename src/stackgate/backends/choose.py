@@ -7,11 +7,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from stackgate import fleet, resolve
+from stackgate import artifacts, fleet, resolve
 from stackgate.backends.base import Backend
 from stackgate.compat import CompatTable
 from stackgate.console import Printer
-from stackgate.errors import InfraError
+from stackgate.errors import ConfigError, InfraError
 from stackgate.inputs import Loaded
 from stackgate.model import SlurmSpec, Stack
 from stackgate.options import Options
@@ -49,15 +49,20 @@ def environment_backend(opts: Options, loaded: Loaded, env: Mapping[str, str], s
     if opts.backend == "auto" and slurm_pools(opts, loaded):
         say("notice: Slurm jobs run the stack's venv on the nodes: using the venv backend")
         return VenvBackend(opts.cache_dir, loaded.table, loaded.host_pip, env, deps=deps, say=say)
+    if opts.stacks is not None and opts.backend == "venv":
+        raise ConfigError("--stacks names stack images by digest: it needs the docker backend, not --backend venv")
     if opts.backend in ("docker", "auto"):
         from stackgate.backends import docker
 
+        pinned = artifacts.read(opts.stacks) if opts.stacks is not None else None
         made = docker.create(opts.cache_dir, loaded.table, loaded.host_pip, env, allow_bootstrap=opts.bootstrap_base,
                              mirror=opts.debian_mirror, ca_bundle=opts.ca_bundle, say=say, deps=deps,
-                             auto=opts.backend == "auto")
+                             auto=opts.backend == "auto" and pinned is None,
+                             registry=artifacts.configured(opts.registry, opts.repository, opts.config_dir),
+                             pinned=pinned)
         if not isinstance(made, str):
             return made
-        if opts.backend == "docker":
+        if opts.backend == "docker" or pinned is not None:
             raise InfraError(made, hint="start the Docker engine, or use --backend venv")
         say(f"notice: {made}; falling back to the venv backend")
     return VenvBackend(opts.cache_dir, loaded.table, loaded.host_pip, env, deps=deps, say=say)

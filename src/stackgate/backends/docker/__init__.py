@@ -9,6 +9,7 @@ import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from stackgate.artifacts import Registry, StackArtifact
 from stackgate.backends.docker import images
 from stackgate.backends.docker.backend import DockerBackend
 from stackgate.backends.docker.engine import DockerEngine
@@ -21,7 +22,8 @@ from stackgate.suite_deps import SuiteDeps
 
 def create(cache_dir: Path, compat: CompatTable, host_pip: PipConfig, env: Mapping[str, str], *,
            allow_bootstrap: bool, mirror: str, ca_bundle: str | None, say: Callable[[str], None],
-           deps: SuiteDeps | None, auto: bool) -> DockerBackend | str:
+           deps: SuiteDeps | None, auto: bool, registry: Registry | None = None,
+           pinned: Mapping[str, StackArtifact] | None = None) -> DockerBackend | str:
     """The Docker backend, or the sentence that says why not. With `auto`, Docker is only chosen
     when the base image exists or can be bootstrapped."""
     engine = DockerEngine()
@@ -33,7 +35,8 @@ def create(cache_dir: Path, compat: CompatTable, host_pip: PipConfig, env: Mappi
     if problem is not None:
         return problem
     return DockerBackend(engine, cache_dir, compat, host_pip, env, suite_dir=BUNDLED_SUITE,
-                         allow_bootstrap=allow_bootstrap, mirror=mirror, ca_bundle=ca_bundle, say=say, deps=deps)
+                         allow_bootstrap=allow_bootstrap, mirror=mirror, ca_bundle=ca_bundle, say=say, deps=deps,
+                         registry=registry, pinned=pinned)
 
 
 def _engine() -> DockerEngine:

@@ -8,9 +8,11 @@ import os
 import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from stackgate import proc, shipped
+from stackgate.artifacts import Registry, StackArtifact
 from stackgate.backends.base import (
     TORCH_PROBE,
     Described,
@@ -29,8 +31,23 @@ from stackgate.installer import is_disk_full
 from stackgate.model import Stack
 from stackgate.plan import requirements
 from stackgate.sources import DEBIAN_MIRROR, PipConfig, host_config_problem, installer_args
-from stackgate.suite import RDZV_PORT, Layout, NodeCommand, NodeExit, suite_digest
+from stackgate.suite import RDZV_PORT, Layout, NodeCommand, NodeExit
 from stackgate.suite_deps import SuiteDeps
+
+
+@dataclass(frozen=True)
+class StackImage:
+    """A stack's image on this engine: what was built, reused or pulled."""
+
+    ref: str  # a local tag, or repo@sha256:... when pulled
+    key: str  # the content key it was built from
+    id: str
+    labels: dict[str, str]
+    reused: bool
+    wheels: tuple[str, ...]  # the wheels it was built from (empty when pulled)
+    size: int
+    digest: str  # repo@sha256:... in the run's registry ("" when it was never pushed or pulled)
+
 
 # PID 1 of every node container: runs the node's command, then ends and names what it left running
 NODE_INIT = shipped.NODE_INIT.read_text()
@@ -42,7 +59,8 @@ class DockerBackend:
     def __init__(self, engine: Engine, cache_dir: Path, compat: CompatTable, host_pip: PipConfig,
                  env: Mapping[str, str], *, suite_dir: Path, allow_bootstrap: bool = True,
                  mirror: str = DEBIAN_MIRROR, ca_bundle: str | None = None,
-                 say: Callable[[str], None] = print, deps: SuiteDeps | None = None) -> None:
+                 say: Callable[[str], None] = print, deps: SuiteDeps | None = None,
+                 registry: Registry | None = None, pinned: Mapping[str, StackArtifact] | None = None) -> None:
         self.engine = engine
         self.cache_dir = cache_dir
         self.compat = compat
@@ -54,28 +72,35 @@ class DockerBackend:
         self.ca_bundle = images.host_ca_bundle(host_pip, ca_bundle)
         self.say = say
         self.deps = deps or SuiteDeps()
+        self.registry = registry
+        self.pinned = pinned  # stacks.json: pull these by digest, build nothing
 
     def prepare(self, stack: Stack, log_path: Path) -> EnvHandle:
+        """The stack's image: pulled by digest when the run was given stacks.json (never built then),
+        else built (or reused by its content key); the suite's own requirements, if any, as a thin layer
+        on top. The suite itself is mounted when a cell runs: it is never part of an image."""
         start = time.monotonic()
-        base = stack.base_image
-        base_id = images.ensure_base(self.engine, base, allow_bootstrap=self.allow_bootstrap
-                                     and base.startswith("stackgate/base:"), mirror=self.mirror, say=self.say,
-                                     work_dir=log_path.parent)
-        reqs = requirements(self.compat, stack)
-        lines = self.deps.own_lines()
-        extra = [images.in_image(r) for r in lines]
-        self.say(f"  resolving wheels for {' '.join(reqs)} into the host wheelhouse")
+        image = self._pulled(stack, log_path) if self.pinned is not None else self._built(stack, log_path)
+        runs = self._suite_layer(stack, image, log_path) if self.deps.own_lines() else image.ref
+        sbom = Sbom(kind="image", tag=image.ref, key=image.key, labels=image.labels, image_id=image.id,
+                    wheels=list(image.wheels), size=image.size)
+        if image.digest:
+            sbom["digest"] = image.digest
+        if runs != image.ref:
+            sbom["suite_layer"] = runs
+        try:
+            sbom["packages"] = self.engine.read_file(runs, str(inside.PIP_FREEZE)).split()
+        except Exception as exc:
+            sbom["sbom_error"] = str(exc)
+        return EnvHandle(stack, runs, image.key, reused=image.reused, prepare_s=time.monotonic() - start, sbom=sbom)
+
+    def _wheels(self, stack: Stack, requirements: Sequence[str], log_path: Path,
+                constraints: Sequence[str] = ()) -> images.Wheelhouse:
+        """The host wheelhouse of `requirements` for the stack's target; a failure says whose it is."""
         index = installer_args(stack.source, self.host_pip)
         try:
-            house = images.wheelhouse(self.cache_dir, reqs, index, stack.python, self.ca_bundle, self.env, log_path)
-            suite_house = None
-            if extra:  # the suite's wheels, with everything the stack has held where it is
-                self.say(f"  resolving the suite's wheels for {' '.join(extra)}")
-                fetched = images.wheelhouse(self.cache_dir, lines, index, stack.python, self.ca_bundle, self.env,
-                                            log_path, constraints=(*images.pins(house), *self.deps.constraint_lines()))
-                have = {w.filename for w in house.wheels}
-                suite_house = images.Wheelhouse(fetched.path, tuple(w for w in fetched.wheels
-                                                                    if w.filename not in have))
+            return images.wheelhouse(self.cache_dir, requirements, index, stack.python, self.ca_bundle, self.env,
+                                     log_path, constraints=constraints)
         except images.WheelhouseFailed as exc:
             problem = host_config_problem(exc.log_tail, self.host_pip)
             if problem is not None:  # the host, not the stack: the cells are infra errors that say why
@@ -86,45 +111,103 @@ class DockerBackend:
             what = ("the stack's own requirements conflict" if "conflict" in exc.log_tail.lower()
                     else "the stack cannot be installed")
             raise PrepareFailed(f"{exc}: {what} ({_conflict(exc.log_tail)})", exc.log_tail) from None
+
+    def _built(self, stack: Stack, log_path: Path) -> StackImage:
+        """The stack image built from the host wheelhouse, or reused when its content key is present
+        (after a short check that it imports the stack's torch)."""
+        base = stack.base_image
+        base_id = images.ensure_base(self.engine, base, allow_bootstrap=self.allow_bootstrap
+                                     and base.startswith("stackgate/base:"), mirror=self.mirror, say=self.say,
+                                     work_dir=log_path.parent)
+        reqs = requirements(self.compat, stack)
+        self.say(f"  resolving wheels for {' '.join(reqs)} into the host wheelhouse")
+        house = self._wheels(stack, reqs, log_path)
         template = images.TEMPLATE.read_text()
-        every = images.Wheelhouse(house.path, house.wheels + (suite_house.wheels if suite_house else ()))
-        recipe = template + (shipped.SUITE_STEP.read_text() if extra else "")  # what renders the Dockerfile
-        key = images.image_key(recipe, base_id, every, suite_digest(self.suite_dir), [*reqs, *extra])
-        tag = f"stackgate/stack:{stack.label}-{key}"
-        found = self.engine.image_labels(tag)
-        if found is not None:
-            broken = self._image_problem(tag, stack)
-            if broken:  # the same rule as a cached venv: checked before reuse, rebuilt when broken
-                self.say(f"  cached image {tag} is broken ({broken[:300]}): rebuilding it")
-                self.engine.remove_images([tag])
-                found = None
-        if found is None:
-            dockerfile = images.render(template, base=base, requirements=reqs, suite_requirements=extra,
+        key = images.image_key(template, base_id, house, reqs)
+        tag = f"{images.STACK_REPO}:{stack.label}-{key}"
+        reused = self._usable(tag, stack)
+        if not reused:
+            dockerfile = images.render(template, base=base, requirements=reqs,
                                        label_map=images.labels(stack, house, base, base_id, key))
-            ctx = images.build_context(dockerfile, house, self.suite_dir, suite_house)
-            self.say(f"  building image {tag} (log: {log_path})")
-            try:
-                with log_path.open("a") as log:
-                    def on_line(line: str) -> None:
-                        log.write(line + "\n")
-                        if line.startswith("Step "):  # each build step as it happens
-                            self.say(f"    {line[:160]}")
-                    self.engine.build(ctx, tag, on_line)
-            except BuildError as exc:
-                raise PrepareFailed(str(exc), exc.log_tail) from None
-            finally:
-                shutil.rmtree(ctx, ignore_errors=True)
-            found = self.engine.image_labels(tag) or {}
-            reused = False
+            self._build(images.build_context(dockerfile, house), tag, log_path)
+        return self._image(tag, key, reused, wheels=tuple(w.filename for w in house.wheels))
+
+    def _pulled(self, stack: Stack, log_path: Path) -> StackImage:
+        """The stack image named by digest in stacks.json, pulled when it is not here. A stack that
+        stacks.json does not name is an infrastructure error: a pool runner never builds."""
+        assert self.pinned is not None
+        artifact = self.pinned.get(stack.label)
+        if artifact is None:
+            raise InfraError(f"stacks.json has no image for stack {stack.label} (it names: "
+                             f"{', '.join(sorted(self.pinned)) or 'none'}); a pool runner pulls by digest and never "
+                             "builds", hint="build and push every stack of this matrix first: `stackgate build --push` "
+                                            "with the same matrix and candidate")
+        if self.engine.facts(artifact.image) is None:
+            self.say(f"  pulling {artifact.image} (by digest)")
+            with log_path.open("a") as log:
+                def on_line(line: str) -> None:
+                    log.write(line + "\n")
+                self.engine.pull(artifact.image, on_line)
         else:
-            reused = True
-        sbom = Sbom(kind="image", tag=tag, key=key, labels={k: v for k, v in found.items() if k != "_id"},
-                    image_id=found.get("_id", ""), wheels=[w.filename for w in every.wheels])
+            self.say(f"  {artifact.image} is already here (by digest)")
+        broken = self._image_problem(artifact.image, stack)
+        if broken:
+            raise PrepareFailed(f"the stack image {artifact.image} cannot run the stack: {broken}")
+        return self._image(artifact.image, artifact.key, True)
+
+    def _image(self, ref: str, key: str, reused: bool, wheels: tuple[str, ...] = ()) -> StackImage:
+        facts = self.engine.facts(ref)
+        if facts is None:
+            raise InfraError(f"the engine does not list the image {ref}")
+        labels = {k: v for k, v in (self.engine.image_labels(ref) or {}).items() if k != "_id"}
+        name = self.registry.name if self.registry else ref.split("@", 1)[0] if "@" in ref else ""
+        digest = next((d for d in facts.repo_digests if name and d.split("@", 1)[0] == name), "")
+        return StackImage(ref, key, facts.id, labels, reused, wheels, facts.size, digest)
+
+    def _usable(self, tag: str, stack: Stack) -> bool:
+        """Whether the image `tag` is here and passes its check; a broken one is removed."""
+        if self.engine.image_labels(tag) is None:
+            return False
+        broken = self._image_problem(tag, stack)
+        if broken:  # the same rule as a cached venv: checked before reuse, rebuilt when broken
+            self.say(f"  cached image {tag} is broken ({broken[:300]}): rebuilding it")
+            self.engine.remove_images([tag])
+            return False
+        return True
+
+    def _build(self, ctx: Path, tag: str, log_path: Path) -> None:
+        self.say(f"  building image {tag} (log: {log_path})")
         try:
-            sbom["packages"] = self.engine.read_file(tag, str(inside.PIP_FREEZE)).split()
-        except Exception as exc:
-            sbom["sbom_error"] = str(exc)
-        return EnvHandle(stack, tag, key, reused=reused, prepare_s=time.monotonic() - start, sbom=sbom)
+            with log_path.open("a") as log:
+                def on_line(line: str) -> None:
+                    log.write(line + "\n")
+                    if line.startswith("Step "):  # each build step as it happens
+                        self.say(f"    {line[:160]}")
+                self.engine.build(ctx, tag, on_line)
+        except BuildError as exc:
+            raise PrepareFailed(str(exc), exc.log_tail) from None
+        finally:
+            shutil.rmtree(ctx, ignore_errors=True)
+
+    def _suite_layer(self, stack: Stack, image: StackImage, log_path: Path) -> str:
+        """The suite's own requirements as a thin layer FROM the stack image (its parent's id in the
+        labels): the stack image is not changed by it. Everything the stack holds stays as it is."""
+        lines = self.deps.own_lines()
+        extra = [images.in_image(r) for r in lines]
+        held = [p for p in self.engine.read_file(image.ref, str(inside.PIP_FREEZE)).split() if "==" in p]
+        self.say(f"  resolving the suite's wheels for {' '.join(extra)}")
+        fetched = self._wheels(stack, lines, log_path, constraints=(*held, *self.deps.constraint_lines()))
+        house = images.Wheelhouse(fetched.path, tuple(w for w in fetched.wheels if images.pin_of(w) not in
+                                                      {images.normal_pin(p) for p in held}))
+        template = images.LAYER_TEMPLATE.read_text()
+        key = images.layer_key(template, image.id, house, extra)
+        tag = f"{images.SUITE_REPO}:{stack.label}-{key}"
+        if self.engine.image_labels(tag) is None:
+            dockerfile = images.render_layer(template, parent=image.ref, requirements=extra, label_map={
+                "org.stackgate.key": key, "org.stackgate.parent": image.id,
+                "org.stackgate.parent-ref": image.digest or image.ref})
+            self._build(images.build_context(dockerfile, house, "suite-wheels"), tag, log_path)
+        return tag
 
     def _image_problem(self, tag: str, stack: Stack) -> str:
         """Why a cached image cannot be reused ("" when it can): its interpreter runs and imports torch at
@@ -139,11 +222,11 @@ class DockerBackend:
         return torch_probe_problem(stack, ran.exit_code, ran.log)
 
     def layout(self, handle: EnvHandle, exe: Execution) -> Layout:
-        """Nodes are containers: the cell's directories are mounted at /sg/..., the bundled suite is
-        in the image, a user's suite is mounted read-only, and node0 hosts the rendezvous."""
-        suite_path = inside.SUITE_IN_IMAGE if exe.suite == self.suite_dir.resolve() else inside.USER_SUITE
+        """Nodes are containers: the cell's directories are mounted at /sg/..., the suite (and the
+        bundled one, for its platform checks) read-only, and node0 hosts the rendezvous."""
+        bundled = inside.SUITE if exe.suite == self.suite_dir.resolve() else inside.BUNDLED_SUITE
         return Layout(python="python", out=Path(inside.OUT), artifacts=Path(inside.ARTIFACTS), shared=Path(inside.SHARED),
-                      suite=Path(suite_path), bundled=Path(inside.SUITE_IN_IMAGE),
+                      suite=Path(inside.SUITE), bundled=Path(bundled),
                       endpoint=f"node0:{RDZV_PORT}" if exe.cell.topology.nodes > 1 else "")
 
     def execute(self, handle: EnvHandle, commands: Sequence[NodeCommand], deadline: float,
@@ -152,8 +235,9 @@ class DockerBackend:
         rendezvous needs a resolvable hostname, which `--network none` does not give)."""
         mounts = [(str(exe.workdir), str(inside.OUT), "rw"), (str(exe.artifacts), str(inside.ARTIFACTS), "rw"),
                   (str(exe.shared), str(inside.SHARED), "rw")]
+        mounts.append((str(exe.suite), str(inside.SUITE), "ro"))
         if exe.suite != self.suite_dir.resolve():
-            mounts.append((str(exe.suite), str(inside.USER_SUITE), "ro"))
+            mounts.append((str(self.suite_dir.resolve()), str(inside.BUNDLED_SUITE), "ro"))
         label = commands[0].label if commands else "none"
         reports = [f"leftovers-node{c.node}-{c.label}.txt" for c in commands]
         specs = [ContainerSpec(name=f"sg-{exe.tag}-{c.label}-node{c.node}", image=handle.ref,
@@ -175,8 +259,13 @@ class DockerBackend:
         return tuple(exits)
 
     def describe(self, handle: EnvHandle) -> Described:
-        return {"backend": "docker", "image": handle.ref, "env_key": handle.key,
-                "image_labels": handle.sbom.get("labels", {})}
+        described = Described(backend="docker", image=handle.ref, env_key=handle.key,
+                              image_labels=handle.sbom.get("labels", {}), image_id=handle.sbom.get("image_id", ""))
+        if handle.sbom.get("digest"):
+            described["image_digest"] = handle.sbom["digest"]
+        if handle.sbom.get("suite_layer"):
+            described["stack_image"] = handle.sbom["tag"]
+        return described
 
     def close(self) -> None:
         return None

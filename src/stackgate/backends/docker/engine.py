@@ -50,9 +50,21 @@ class BuildError(Exception):
         self.log_tail = log_tail
 
 
+@dataclass(frozen=True)
+class ImageFacts:
+    """What the engine knows of a local image."""
+
+    id: str
+    size: int
+    repo_digests: tuple[str, ...]  # repo@sha256:... for every registry it was pushed to or pulled from
+
+
 class Engine(Protocol):
     def problem(self) -> str | None: ...
     def image_labels(self, tag: str) -> dict[str, str] | None: ...
+    def facts(self, ref: str) -> ImageFacts | None: ...
+    def push(self, tag: str, name: str, on_line: Printer | None) -> str: ...
+    def pull(self, ref: str, on_line: Printer | None) -> None: ...
     def build(self, context: Path, tag: str, on_line: Printer | None) -> None: ...
     def import_rootfs(self, rootfs: Path, tag: str) -> None: ...
     def read_file(self, tag: str, path: str) -> str: ...
@@ -97,6 +109,41 @@ class DockerEngine:
         labels = image.labels or {}
         return {**labels, "_id": image.id}
 
+    def facts(self, ref: str) -> ImageFacts | None:
+        import docker
+        try:
+            image = self.client.images.get(ref)
+        except docker.errors.ImageNotFound:
+            return None
+        except docker.errors.APIError as exc:
+            raise InfraError(f"Docker engine error: {exc}") from None
+        return ImageFacts(image.id, int(image.attrs.get("Size") or 0), tuple(image.attrs.get("RepoDigests") or ()))
+
+    def push(self, tag: str, name: str, on_line: Printer | None) -> str:
+        """Tag the local image `tag` as `name:<its tag>` and push it; the pushed image by digest
+        (`name@sha256:...`). The engine's client brings the credentials (`docker login`)."""
+        import docker
+        remote_tag = tag.rsplit(":", 1)[-1]
+        try:
+            self.client.images.get(tag).tag(name, remote_tag)
+            stream = self.client.api.push(name, tag=remote_tag, stream=True, decode=True)
+            pushed = _registry_stream(stream, f"docker push {name}:{remote_tag}", on_line)
+        except docker.errors.APIError as exc:
+            raise InfraError(f"docker push {name}:{remote_tag} failed: {exc}", hint=_registry_hint(name)) from None
+        if not pushed:
+            raise InfraError(f"docker push {name}:{remote_tag} reported no digest", hint=_registry_hint(name))
+        return f"{name}@{pushed}"
+
+    def pull(self, ref: str, on_line: Printer | None) -> None:
+        """Pull `repo@sha256:...` (by digest: what was tested is what runs)."""
+        import docker
+        name, _, digest = ref.partition("@")
+        try:
+            _registry_stream(self.client.api.pull(name, tag=digest, stream=True, decode=True), f"docker pull {ref}",
+                             on_line)
+        except docker.errors.APIError as exc:
+            raise InfraError(f"docker pull {ref} failed: {exc}", hint=_registry_hint(name)) from None
+
     def build(self, context: Path, tag: str, on_line: Printer | None) -> None:
         import docker
         tail: list[str] = []
@@ -117,11 +164,11 @@ class DockerEngine:
             raise BuildError(f"docker build of {tag} failed: {exc}", "\n".join(tail[-80:])) from None
 
     def stack_images(self) -> list[tuple[str, str]]:
-        """(tag, created) of every stackgate stack image."""
+        """(tag, created) of every local stackgate stack image and suite layer."""
         out = []
-        for image in self.client.images.list(name="stackgate/stack"):
-            for tag in image.tags:
-                out.append((tag, str(image.attrs.get("Created", ""))))
+        for repo in ("stackgate/stack", "stackgate/suite-layer"):
+            for image in self.client.images.list(name=repo):
+                out += [(tag, str(image.attrs.get("Created", ""))) for tag in image.tags if tag.startswith(repo + ":")]
         return out
 
     def remove_images(self, tags: Sequence[str]) -> None:
@@ -206,6 +253,27 @@ class DockerEngine:
             if exc.__class__.__module__.startswith(("requests", "urllib3")):
                 raise InfraError(f"lost the Docker engine: {exc}") from None
             raise
+
+
+def _registry_stream(stream: Any, what: str, on_line: Printer | None) -> str:
+    """Read a push or pull stream: an error chunk is an infrastructure error; the digest a push
+    reports (its `aux` chunk), or "" for a pull."""
+    digest = ""
+    for chunk in stream:
+        if "error" in chunk:
+            raise InfraError(f"{what} failed: {chunk['error']}", hint=_registry_hint(what.rsplit(maxsplit=1)[-1]))
+        digest = str((chunk.get("aux") or {}).get("Digest") or digest)
+        status = str(chunk.get("status") or "")
+        if on_line and status and "progress" not in chunk and status not in ("Waiting", "Preparing", "Downloading",
+                                                                               "Extracting", "Pushing"):
+            on_line(f"{chunk.get('id', '')} {status}".strip())
+    return digest
+
+
+def _registry_hint(name: str) -> str:
+    host = name.split("/", 1)[0]
+    return (f"is the registry {host} up and reachable from the Docker engine? If it needs credentials, "
+            f"`docker login {host}` (stackgate never takes a password itself)")
 
 
 def container_kwargs(spec: ContainerSpec, network: str | None) -> dict[str, Any]:

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from packaging.utils import parse_wheel_filename
+from packaging.utils import canonicalize_name, parse_wheel_filename
+from packaging.version import InvalidVersion, Version
 
 from stackgate import proc
 from stackgate.backends.docker import layout
@@ -25,10 +26,13 @@ from stackgate.backends.docker.engine import Engine
 from stackgate.errors import InfraError
 from stackgate.installer import cache_lock, cached_dir, is_network_failure
 from stackgate.model import Stack
-from stackgate.shipped import DOCKERFILE_TEMPLATE, SUITE_STEP
+from stackgate.shipped import DOCKERFILE_TEMPLATE, SUITE_LAYER
 from stackgate.sources import PipConfig, pip_command
 
 TEMPLATE = DOCKERFILE_TEMPLATE
+LAYER_TEMPLATE = SUITE_LAYER
+STACK_REPO = "stackgate/stack"  # local tags of stack images: <repo>:<stack label>-<content key>
+SUITE_REPO = "stackgate/suite-layer"  # local tags of the thin suite layers on top of them
 LOCAL_BASE = "stackgate/base:bookworm"
 BASE_PACKAGES = ("python3", "python3-venv", "python3-dev", "g++", "libgomp1", "procps")  # torch.compile needs g++ + Python.h
 TARGET_GLIBC = (2, 36)  # Debian bookworm, the local base
@@ -75,13 +79,19 @@ class Wheelhouse:
         return None
 
 
-def pins(house: Wheelhouse) -> tuple[str, ...]:
-    """name==version for every wheel: what a second download must not move."""
-    out = []
-    for w in house.wheels:
-        name, version, _, _ = parse_wheel_filename(w.filename)
-        out.append(f"{name}=={version}")
-    return tuple(out)
+def pin_of(wheel: Wheel) -> str:
+    """A wheel as `name==version` (canonical name)."""
+    name, version, _, _ = parse_wheel_filename(wheel.filename)
+    return f"{name}=={version}"
+
+
+def normal_pin(line: str) -> str:
+    """A `pip freeze` line `Name==1.0` as `name==1.0` (canonical name, normalised version)."""
+    name, _, version = line.partition("==")
+    try:
+        return f"{canonicalize_name(name)}=={Version(version)}"
+    except InvalidVersion:
+        return line
 
 
 def in_image(requirement: str) -> str:
@@ -177,50 +187,55 @@ def labels(stack: Stack, house: Wheelhouse, base: str, base_id: str, key: str) -
     }
 
 
-def image_key(template: str, base_id: str, house: Wheelhouse, suite_hash: str, requirements: Sequence[str]) -> str:
-    """The tag is a hash of everything that goes in: an unchanged stack is never rebuilt."""
+def image_key(template: str, base_id: str, house: Wheelhouse, requirements: Sequence[str]) -> str:
+    """The tag is a hash of everything that goes into the stack image (never the suite): an unchanged
+    stack is never rebuilt, and a changed suite never changes it."""
     blob = json.dumps({"template": template, "base": base_id, "wheels": [w.sha256 for w in house.wheels],
-                       "suite": suite_hash, "requirements": list(requirements)}, sort_keys=True)
+                       "requirements": list(requirements)}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def render(template: str, *, base: str, requirements: Sequence[str], label_map: dict[str, str],
-           suite_requirements: Sequence[str] = ()) -> str:
-    """The Dockerfile. The suite's own requirements go into a step of their own after the stack's
-    venv (the fragment `suite-requirements.Dockerfile`), so a change to them rebuilds a small layer,
-    not the stack."""
-    label_text = " \\\n      ".join(f"{k}={json.dumps(v)}" for k, v in sorted(label_map.items()))
-    suite_step = ""
-    if suite_requirements:
-        suite_step = (SUITE_STEP.read_text().rstrip("\n").replace("{{SUITE_WHEELS}}", str(layout.SUITE_WHEELS))
-                      .replace("{{VENV}}", str(layout.VENV))
-                      .replace("{{SUITE_REQUIREMENTS}}", " ".join(_quote(r) for r in suite_requirements)))
+def layer_key(template: str, parent_id: str, house: Wheelhouse, requirements: Sequence[str]) -> str:
+    """The suite layer's tag: its parent stack image, the suite's wheels and requirements."""
+    blob = json.dumps({"template": template, "parent": parent_id, "wheels": [w.sha256 for w in house.wheels],
+                       "requirements": list(requirements)}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _labels_text(label_map: dict[str, str]) -> str:
+    return " \\\n      ".join(f"{k}={json.dumps(v)}" for k, v in sorted(label_map.items()))
+
+
+def render(template: str, *, base: str, requirements: Sequence[str], label_map: dict[str, str]) -> str:
+    """The stack image's Dockerfile."""
     return (template.replace("{{BASE}}", base)
             .replace("{{REQUIREMENTS}}", " ".join(_quote(r) for r in requirements))
-            .replace("{{SUITE_REQUIREMENTS}}", suite_step)
-            .replace("{{LABELS}}", label_text))
+            .replace("{{LABELS}}", _labels_text(label_map)))
+
+
+def render_layer(template: str, *, parent: str, requirements: Sequence[str], label_map: dict[str, str]) -> str:
+    """The suite layer's Dockerfile: FROM the stack image, the suite's own wheels installed on top."""
+    return (template.replace("{{PARENT}}", parent).replace("{{SUITE_WHEELS}}", str(layout.SUITE_WHEELS))
+            .replace("{{VENV}}", str(layout.VENV)).replace("{{PIP_FREEZE}}", str(layout.PIP_FREEZE))
+            .replace("{{SUITE_REQUIREMENTS}}", " ".join(_quote(r) for r in requirements))
+            .replace("{{LABELS}}", _labels_text(label_map)))
 
 
 def _quote(req: str) -> str:
     return "'" + req.replace("'", "") + "'"
 
 
-def build_context(dockerfile: str, house: Wheelhouse, suite: Path, suite_house: Wheelhouse | None = None) -> Path:
-    """A temporary context: Dockerfile, wheels (hard links where possible), the suite's own wheels
-    (those the stack does not already have) and the suite."""
+def build_context(dockerfile: str, house: Wheelhouse, directory: str = "wheels") -> Path:
+    """A temporary context: the Dockerfile and the wheels (hard links where possible) under `directory`."""
     ctx = Path(tempfile.mkdtemp(prefix="stackgate-ctx-"))
     (ctx / "Dockerfile").write_text(dockerfile)
-    for directory, source in (("wheels", house), ("suite-wheels", suite_house)):
-        if source is None:
-            continue
-        (ctx / directory).mkdir()
-        for w in source.wheels:
-            src, dst = source.path / w.filename, ctx / directory / w.filename
-            try:
-                os.link(src, dst)
-            except OSError:
-                shutil.copy2(src, dst)
-    shutil.copytree(suite, ctx / "suite", ignore=shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache"))
+    (ctx / directory).mkdir()
+    for w in house.wheels:
+        src, dst = house.path / w.filename, ctx / directory / w.filename
+        try:
+            os.link(src, dst)
+        except OSError:
+            shutil.copy2(src, dst)
     return ctx
 
 
@@ -265,10 +280,10 @@ class ImageInfo:
 
 
 def stale_images(found: Sequence[ImageInfo], keep: int = 1) -> list[str]:
-    """`stackgate/stack:<label>-<key>` tags to remove: all but the newest `keep` per stack label."""
+    """`<repo>:<label>-<key>` tags to remove: all but the newest `keep` per repository and stack label."""
     by_label: dict[str, list[ImageInfo]] = {}
     for image in found:
-        label = image.tag.split(":", 1)[-1].rsplit("-", 1)[0]
+        label = image.tag.rsplit("-", 1)[0]
         by_label.setdefault(label, []).append(image)
     stale = []
     for images_of_label in by_label.values():

@@ -8,11 +8,11 @@ from pathlib import PurePosixPath
 VENV = PurePosixPath("/opt/venv")  # the stack's environment
 SBOM_DIR = PurePosixPath("/opt/stackgate/sbom")
 PIP_FREEZE = SBOM_DIR / "pip-freeze.txt"  # `pip freeze --all` of the stack, written at build
-SUITE_IN_IMAGE = PurePosixPath("/opt/stackgate/suite")  # the bundled suite, copied in at build
 SUITE_WHEELS = PurePosixPath("/opt/stackgate/suite-wheels")  # the suite's own wheels, during their build step only
 
 # a cell's host directories, mounted into each node container
 OUT = PurePosixPath("/sg/out")  # the cell's directory: node logs, each attempt's JUnit and records
 ARTIFACTS = PurePosixPath("/sg/artifacts")
 SHARED = PurePosixPath("/sg/shared")
-USER_SUITE = PurePosixPath("/sg/suite")  # a user's suite, read-only
+SUITE = PurePosixPath("/sg/suite")  # the suite a cell runs, read-only (never part of an image)
+BUNDLED_SUITE = PurePosixPath("/sg/bundled")  # the bundled suite beside a user's, for its platform checks
