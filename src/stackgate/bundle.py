@@ -17,6 +17,7 @@ from typing import Any
 
 from stackgate import __version__, results
 from stackgate.errors import ConfigError
+from stackgate.model import CellResult
 from stackgate.options import flag_of
 from stackgate.policy import Policy
 from stackgate.report.files import atomic_write
@@ -114,6 +115,55 @@ def write_manifest(run_dir: Path, *, defined: Mapping[str, str], selected: Mappi
     }, indent=1, sort_keys=True))
 
 
+LOCAL_BUILD = "local build (no registry digest)"
+
+
+def stack_images(found: Mapping[str, CellResult]) -> dict[str, list[str]]:
+    """Stack label -> the images (by registry digest, else "local build") its cells ran, from the
+    results' environments (the Docker backend's account of each cell)."""
+    out: dict[str, set[str]] = {}
+    for result in found.values():
+        label = result.environment.get("stack_label")
+        if label:
+            out.setdefault(str(label), set()).add(str(result.environment.get("image_digest") or LOCAL_BUILD))
+    return {k: sorted(v) for k, v in sorted(out.items())}
+
+
+def record_stacks(run_dir: Path, found: Mapping[str, CellResult]) -> dict[str, list[str]]:
+    """run.json gains `stacks`: the image of every stack the run ran (what a merge compares)."""
+    stacks = stack_images(found)
+    path = run_dir / MANIFEST
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return stacks
+    if manifest.get("stacks") != stacks:
+        manifest["stacks"] = stacks
+        atomic_write(path, json.dumps(manifest, indent=1, sort_keys=True))
+    return stacks
+
+
+def check_same_images(bundles: Sequence[Bundle]) -> None:
+    """Every bundle of a fleet run must have run one image of each stack: a stack seen by two digests
+    (or by a digest in one bundle and a local build in another) is refused, naming both (exit 2)."""
+    seen: dict[str, tuple[str, Path]] = {}
+    for b in bundles:
+        recorded = b.manifest.get("stacks") or {}
+        ran = stack_images(b.read.results)
+        for label in sorted(set(recorded) | set(ran)):
+            images = sorted({*recorded.get(label, ()), *ran.get(label, ())})
+            if len(images) > 1:
+                raise ConfigError(f"bundle {b.path} ran stack {label} as {len(images)} different images: "
+                                  + ", ".join(images), hint="every cell of a stack must run one image")
+            first = seen.setdefault(label, (images[0], b.path))
+            if first[0] != images[0]:
+                raise ConfigError(f"stack {label} ran as different images: {first[0]} in bundle {first[1]}, "
+                                  f"{images[0]} in bundle {b.path}",
+                                  hint="a fleet verdict covers one image per stack: build and push once "
+                                       "(`stackgate build --push`), then give every pool the same stacks.json "
+                                       "(`stackgate run --pool NAME --stacks stacks.json`)")
+
+
 def read_manifest(run_dir: Path) -> dict[str, Any]:
     path = run_dir / MANIFEST
     try:
@@ -187,4 +237,5 @@ def load_bundles(paths: Sequence[Path], defined: Mapping[str, str]) -> list[Bund
                                   hint="each pool (or shard) must be merged once")
             owner[cell_id] = path
         bundles.append(Bundle(path, manifest, read))
+    check_same_images(bundles)
     return bundles

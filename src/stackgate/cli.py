@@ -26,6 +26,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--dry-run", action="store_true", help="print what each cell would run (with --launcher slurm: "
                                                             "the job scripts) and exit; nothing is built or written")
 
+    bld = sub.add_parser("build", help="build every stack of the matrix once as an image; with --push, push each "
+                                       "and write stacks.json (stack -> image by digest) for the pool runners")
+    options.add_arguments(bld, "build")
+    bld.add_argument("--push", action="store_true", help="push each stack image to the registry and write stacks.json")
+
     mg = sub.add_parser("merge", help="one verdict over the bundles (run directories) of a fleet run")
     mg.add_argument("bundles", nargs="+", metavar="BUNDLE", help="run directories written by `stackgate run --pool`")
     mg.add_argument("--out", metavar="DIR", help="write the merged run here (default reports/<run-id>)")
@@ -137,6 +142,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         if args.dry_run:
             return dry_run(opts, dict(os.environ))
         return run(opts, dict(os.environ))
+    if args.command == "build":
+        from stackgate.commands.build import build
+        cli = {k: v for k, v in vars(args).items() if k not in ("command", "push")}
+        return build(options.read(cli, os.environ, Path("stackgate.toml")), dict(os.environ), push=args.push)
     if args.command == "merge":
         from stackgate.commands.merge import merge
         cli = {k: v for k, v in vars(args).items() if k not in ("command", "bundles", "out")}

@@ -32,6 +32,7 @@ def decide_and_report(opts: Options, env: Mapping[str, str], loaded: Loaded, cho
     history's record, and the console's summary: (exit code, why the history failed, if it did)."""
     read = results.read_all(run_dir)
     all_results = read.results
+    bundle.record_stacks(run_dir, all_results)
     outcome = gate.decide(chosen.cells, chosen.not_here, all_results, loaded.policy, dt.date.today(),
                           (*read.problems, *extra_problems))
     report = RunReport(

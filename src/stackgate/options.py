@@ -188,9 +188,9 @@ class Options:
     where its value came from (default, stackgate.toml, environment, command line)."""
 
     matrix: Path = computed(_path, "matrix file, or the name of a bundled matrix (default: the bundled upgrade.toml)",
-                            commands=(*RUN_MERGE, *SHOW))
+                            commands=(*RUN_MERGE, *SHOW, "build"))
     config_dir: Path = computed(_path, "directory with compat/fleet/production/policy TOML (default: the bundled "
-                                       "data)", commands=(*RUN_MERGE, *SHOW))
+                                       "data)", commands=(*RUN_MERGE, *SHOW, "build"))
     policy: Path | None = opt(None, _path, "gate policy file (default: the suite's stackgate-policy.toml, else "
                                            "<config-dir>/policy.toml for the bundled suite)", commands=RUN_MERGE)
     backend: BackendName = opt("auto", _backend, "how stacks are built and cells run")
@@ -198,12 +198,12 @@ class Options:
                                                                     "(pool), on this machine (local), or as Slurm "
                                                                     "jobs (slurm)")
     candidate: str | None = opt(None, str, "candidate torch version (replaces the matrix's torch axis)",
-                                commands=(*RUN_MERGE, *SHOW))
+                                commands=(*RUN_MERGE, *SHOW, "build"))
     pool: tuple[str, ...] = opt((), _list, "this runner belongs to pool NAME: run exactly that pool's cells "
                                            "(repeatable; default: the pools with detect = true)", repeat=True,
                                 metavar="NAME")
     only: tuple[str, ...] = opt((), _list, "run only cells matching (repeatable)", repeat=True, metavar="GLOB",
-                                commands=(*RUN, *SHOW))
+                                commands=(*RUN, *SHOW, "build"))
     shard: Shard | None = opt(None, _shard, "run shard I of N (pairs of cells stay together)", metavar="I/N")
     profile: ProfileName = opt("default", _profile, "suite profile", commands=RUN_MERGE)
     timeout: float = opt(1800.0, _seconds, "per-cell timeout in seconds (at most a week)")
@@ -215,10 +215,10 @@ class Options:
                                                     "interleaved, until N runs in all, then decide; 1 = never "
                                                     "(default: the policy's [performance] confirm_repeats)",
                                       commands=RUN_MERGE, metavar="N")
-    reports: Path = opt(Path("reports"), _path, "reports directory", commands=RUN_MERGE)
+    reports: Path = opt(Path("reports"), _path, "reports directory", commands=(*RUN_MERGE, "build"))
     run_id: str | None = opt(None, str, "run id (default: time, matrix and a random suffix)", commands=RUN_MERGE)
     resume: str | None = opt(None, str, "continue a run; finished cells are skipped", metavar="RUN_ID")
-    cache_dir: Path = computed(_path, "where environments are cached (default ~/.cache/stackgate)")
+    cache_dir: Path = computed(_path, "where environments are cached (default ~/.cache/stackgate)", commands=(*RUN, "build"))
     suite: Path | None = opt(None, _path, "pytest suite to run in each stack (default: the bundled integration_tests)",
                              commands=RUN_MERGE)
     suite_requirements: tuple[Path, ...] = opt((), _paths, "the suite's requirements file (repeatable; default: "
@@ -233,16 +233,16 @@ class Options:
                                  commands=RUN_MERGE, flag="--test", metavar="NODEID")
     pytest_args: tuple[str, ...] = opt((), _list, "extra pytest argument (repeatable)", repeat=True,
                                        commands=RUN_MERGE, flag="--pytest-arg", metavar="ARG")
-    index_url: str | None = opt(None, str, "index for the candidate's wheels", commands=RUN_MERGE)
-    extra_index_url: tuple[str, ...] = opt((), _list, "extra index (repeatable)", repeat=True, commands=RUN_MERGE)
+    index_url: str | None = opt(None, str, "index for the candidate's wheels", commands=(*RUN_MERGE, "build"))
+    extra_index_url: tuple[str, ...] = opt((), _list, "extra index (repeatable)", repeat=True, commands=(*RUN_MERGE, "build"))
     find_links: tuple[str, ...] = opt((), _list, "wheelhouse directory or page (repeatable)", repeat=True,
-                                      commands=RUN_MERGE)
+                                      commands=(*RUN_MERGE, "build"))
     nightly_version: str | None = opt(None, str, "pin the nightly build, e.g. 2.15.0.dev20261128",
-                                      commands=RUN_MERGE)
+                                      commands=(*RUN_MERGE, "build"))
     nightly_max_age: int = opt(3, _days, "the oldest nightly to test, in days (PyTorch's own validation: 3)",
-                               metavar="DAYS")
+                               metavar="DAYS", commands=(*RUN, "build"))
     nightly_index: str | None = opt(None, str, "a nightly index with one directory per variant, like PyTorch's "
-                                               "(URL/<variant>/torch/...)", commands=RUN_MERGE, metavar="URL")
+                                               "(URL/<variant>/torch/...)", commands=(*RUN_MERGE, "build"), metavar="URL")
     history: Path = computed(_path, "history database (default <reports>/history.sqlite)",
                              commands=(*RUN_MERGE, "history"))
     rollback: bool = opt(True, _bool, "skip the rollback phase (production reading the candidate's artifacts)",
@@ -255,11 +255,11 @@ class Options:
                                                "environment is otherwise an allow-list; a secret-looking value is "
                                                "masked as *** in every report and log)", repeat=True, metavar="NAME")
     bootstrap_base: bool = opt(True, _bool, "never debootstrap a local base image when the configured base is "
-                                            "missing", negate="--no-bootstrap-base")
+                                            "missing", negate="--no-bootstrap-base", commands=(*RUN, "build"))
     debian_mirror: str = opt(DEBIAN_MIRROR, str, "Debian mirror for the base-image bootstrap",
-                             commands=(*RUN, "base-image"))
+                             commands=(*RUN, "base-image", "build"))
     ca_bundle: str | None = opt(None, str, "extra CA bundle for resolving wheels on the host (never enters an "
-                                           "image)")
+                                           "image)", commands=(*RUN, "build"))
     registry: str | None = opt(None, str, "registry of stack images, host[:port][/path] (default: [registry] url in "
                                           "stackgate.toml, else in <config-dir>/fleet.toml; none: local images only)",
                                commands=BUILD_RUN, metavar="URL")

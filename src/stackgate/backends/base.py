@@ -39,6 +39,7 @@ class Described(TypedDict, total=False):
     env_key: str
     image: str
     image_labels: dict[str, str]
+    stack_label: str
     image_id: str
     image_digest: str  # repo@sha256:...: the stack image in the registry
     stack_image: str  # the stack image under a suite layer (`image` is then the layer)

@@ -145,3 +145,23 @@ def counts(report: RunReport) -> dict[str, int]:
     out[Status.NOT_RUN_HERE.value] = len(report.not_here)
     out["pruned"] = len(report.pruned)
     return out
+
+
+@dataclass(frozen=True)
+class StackImageRow:
+    stack: str  # the stack's label
+    image: str  # repo@sha256:... when it came from (or went to) the registry, else the local tag
+    image_id: str
+    cells: tuple[str, ...]
+
+
+def stack_image_rows(found: Mapping[str, CellResult]) -> list[StackImageRow]:
+    """The image each stack's cells ran (one row per stack and image), for the reports."""
+    rows: dict[tuple[str, str, str], list[str]] = {}
+    for cell_id, result in sorted(found.items()):
+        env = result.environment
+        if env.get("stack_label"):
+            key = (str(env["stack_label"]), str(env.get("image_digest") or env.get("image") or ""),
+                   str(env.get("image_id") or ""))
+            rows.setdefault(key, []).append(cell_id)
+    return [StackImageRow(*key, tuple(cells)) for key, cells in sorted(rows.items())]

@@ -30,7 +30,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from stackgate.report.data import SCHEMA_VERSION, RunReport
+from stackgate.report.data import SCHEMA_VERSION, RunReport, stack_image_rows
 from stackgate.report.files import atomic_write
 
 
@@ -59,6 +59,8 @@ def to_json(report: RunReport, exit_code: int) -> dict[str, Any]:
                 "started": report.started, "finished": report.finished, "options": dict(report.options)},
         "reasons": [r.to_json() for r in report.gate.verdict.reasons],
         "cells": cells,
+        "stack_images": [{"stack": r.stack, "image": r.image, "image_id": r.image_id, "cells": list(r.cells)}
+                         for r in stack_image_rows(report.results)],
         "rollback": [r.to_json() for r in report.rollbacks],
         "not_run_here": [{"id": n.cell.id, "reason": n.reason, "cell": n.cell.to_json()} for n in report.not_here],
         "pruned": [{"id": p.cell.id, "reasons": list(p.reasons)} for p in report.pruned],

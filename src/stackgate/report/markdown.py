@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from stackgate.model import Severity
-from stackgate.report.data import RunReport, counts, notes
+from stackgate.report.data import RunReport, counts, notes, stack_image_rows
 from stackgate.report.files import atomic_write, strip_control
 
 ICON = {"GO": "GO ✅", "NO-GO": "NO-GO ❌", "INCONCLUSIVE": "INCONCLUSIVE ⚠️"}
@@ -64,6 +64,13 @@ def render(report: RunReport) -> str:
         lines += ["## Host probe", "", "| pool | status | evidence |", "|---|---|---|"]
         lines += [f"| {md_escape(pool)} | {md_escape(str(found.get('status')))} | "
                   f"{md_escape('; '.join(found.get('evidence', []))[:600])} |" for pool, found in report.host_probe.items()]
+        lines.append("")
+    images = stack_image_rows(report.results)
+    if images:
+        lines += ["## Stack images (what ran: roll out these, by digest)", "", "| stack | image | image id | cells |",
+                  "|---|---|---|---|"]
+        lines += [f"| {md_escape(r.stack)} | `{md_escape(r.image)}` | `{md_escape(r.image_id[:19])}` | "
+                  f"{len(r.cells)} |" for r in images]
         lines.append("")
     lines += ["## Matrix", "", "| cell | role | required | status | tests | time | reason |", "|---|---|---|---|---|---|---|"]
     for cell, result in report.result_rows():

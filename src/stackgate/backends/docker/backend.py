@@ -4,6 +4,7 @@ runs one container per node on a private network, each `torchrun`-ing through th
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 import shutil
 import time
@@ -26,7 +27,7 @@ from stackgate.backends.docker import images
 from stackgate.backends.docker import layout as inside
 from stackgate.backends.docker.engine import BuildError, ContainerExit, ContainerSpec, Engine
 from stackgate.compat import CompatTable
-from stackgate.errors import InfraError
+from stackgate.errors import ConfigError, InfraError
 from stackgate.installer import is_disk_full
 from stackgate.model import Stack
 from stackgate.plan import requirements
@@ -93,6 +94,22 @@ class DockerBackend:
         except Exception as exc:
             sbom["sbom_error"] = str(exc)
         return EnvHandle(stack, runs, image.key, reused=image.reused, prepare_s=time.monotonic() - start, sbom=sbom)
+
+    def publish(self, handle: EnvHandle) -> StackArtifact:
+        """Push a prepared stack image to the registry: the artifact by digest. An unchanged stack is
+        pushed again as a no-op (the registry has its layers); no image is rebuilt for it."""
+        if self.registry is None:
+            raise ConfigError("no registry configured to push to", hint="pass --registry HOST[:PORT]")
+        tag = handle.sbom.get("tag", handle.ref)
+        self.say(f"  pushing {tag} to {self.registry.name}")
+        ref = self.engine.push(tag, self.registry.name, None)
+        facts = self.engine.facts(tag)
+        packages = "\n".join(handle.sbom.get("packages", [])) + "\n"
+        labels = handle.sbom.get("labels", {})
+        return StackArtifact(label=handle.stack.label, image=ref, key=handle.key, size=facts.size if facts else 0,
+                             sbom_digest="sha256:" + hashlib.sha256(packages.encode()).hexdigest(),
+                             torch=labels.get("org.stackgate.torch", str(handle.stack.torch)),
+                             cuda=handle.stack.cuda.tag, python=handle.stack.python)
 
     def _wheels(self, stack: Stack, requirements: Sequence[str], log_path: Path,
                 constraints: Sequence[str] = ()) -> images.Wheelhouse:
@@ -259,7 +276,7 @@ class DockerBackend:
         return tuple(exits)
 
     def describe(self, handle: EnvHandle) -> Described:
-        described = Described(backend="docker", image=handle.ref, env_key=handle.key,
+        described = Described(backend="docker", image=handle.ref, env_key=handle.key, stack_label=handle.stack.label,
                               image_labels=handle.sbom.get("labels", {}), image_id=handle.sbom.get("image_id", ""))
         if handle.sbom.get("digest"):
             described["image_digest"] = handle.sbom["digest"]
