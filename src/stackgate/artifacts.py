@@ -1,6 +1,6 @@
 """Stacks as registry artifacts: the registry a fleet shares (`[registry]` in stackgate.toml or
 fleet.toml, `--registry`), and `stacks.json`, which `stackgate build --push` writes and every pool
-runner reads: stack label -> the image by digest (`repo@sha256:...`), its size and its SBOM's digest.
+runner reads: stack (label and content hash) -> the image by digest (`repo@sha256:...`), its size and its SBOM's digest.
 
 stackgate never reads or stores a registry credential: pushing and pulling go through the Docker
 engine's client, so `docker login` and credential helpers work as they do for `docker push`.
@@ -79,7 +79,7 @@ def from_toml(path: Path) -> tuple[str | None, str | None]:
 class StackArtifact:
     """One stack image in the registry, as `stackgate build --push` pushed it."""
 
-    label: str  # the stack's label, e.g. cpu-torch2.13.0-py3.11
+    stack: str  # the stack.s ident: its label and content hash, e.g. cpu-torch2.13.0-py3.11-1a2b3c4d
     image: str  # repo@sha256:...: what every runner pulls
     key: str  # the content key it was built from
     size: int  # bytes, as the engine reports the image
@@ -116,7 +116,7 @@ def read(path: Path) -> dict[str, StackArtifact]:
         if not isinstance(entry, dict) or set(entry) != fields:
             raise ConfigError(f"--stacks {path}: stack {label!r} needs exactly {', '.join(sorted(fields))}")
         artifact = StackArtifact(**entry)
-        if not DIGEST_REF.match(artifact.image) or artifact.label != label:
+        if not DIGEST_REF.match(artifact.image) or artifact.stack != label:
             raise ConfigError(f"--stacks {path}: stack {label!r}: image {artifact.image!r} is not repo@sha256:<64 hex>",
                               hint="a pool runner pulls by digest only; a tag can move")
         out[label] = artifact

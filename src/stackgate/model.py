@@ -110,6 +110,11 @@ class Stack:
     def label(self) -> str:
         return f"{self.cuda.tag}-torch{self.torch_public}-py{self.python}"
 
+    @property
+    def ident(self) -> str:
+        """The label and the content hash: unique per stack of a matrix (stacks.json, run.json)."""
+        return f"{self.label}-{self.content_hash[:8]}"
+
     def to_json(self) -> dict[str, Any]:
         return {"torch": str(self.torch), "cuda": self.cuda.tag, "python": self.python, "channel": self.channel,
                 "base_image": self.base_image, "cuda_compat": self.cuda_compat, "source": self.source.to_json(),

@@ -37,11 +37,6 @@ def build(opts: Options, env: Mapping[str, str], say: Printer | None = None, *, 
     if not stacks:
         raise ConfigError(f"the matrix {opts.matrix} has no stack to build"
                           + (f" (--only {' '.join(opts.only)})" if opts.only else ""))
-    labels = [s.label for s in stacks]
-    twins = sorted({label for label in labels if labels.count(label) > 1})
-    if twins:
-        raise ConfigError(f"two different stacks share the label {twins[0]} (another base image or source?)",
-                          hint="stacks.json names stacks by label: give each stack of the matrix its own")
     backend = machinery.backend(replace(opts, backend="docker", launcher="local", stacks=None), loaded, env, say,
                                 SuiteDeps())  # the stack alone: the suite is never part of its image
     publish = getattr(backend, "publish", None)
@@ -53,17 +48,17 @@ def build(opts: Options, env: Mapping[str, str], say: Printer | None = None, *, 
     failed = []
     try:
         for stack in stacks:
-            say(f"stack {stack.label}")
+            say(f"stack {stack.ident}")
             try:
-                handle = backend.prepare(stack, logs / f"{stack.label}.log")
+                handle = backend.prepare(stack, logs / f"{stack.ident}.log")
             except PrepareFailed as exc:
-                say(f"  cannot build {stack.label}: {exc} (log: {logs / f'{stack.label}.log'})")
-                failed.append(stack.label)
+                say(f"  cannot build {stack.ident}: {exc} (log: {logs / f'{stack.ident}.log'})")
+                failed.append(stack.ident)
                 continue
             say(f"  {'reused' if handle.reused else 'built'} {handle.ref}")
             if push:
-                pushed[stack.label] = publish(handle)
-                say(f"  pushed {pushed[stack.label].image}")
+                pushed[stack.ident] = publish(handle)
+                say(f"  pushed {pushed[stack.ident].image}")
     finally:
         backend.close()
     if failed:

@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from stackgate import bundle, guards, history, inputs, masking, matrix, probe, proc, repeats, results, rundir
+from stackgate import bundle, guards, history, inputs, masking, matrix, probe, proc, repeats, resolve, results, rundir
 from stackgate.backends.choose import REAL, Machinery, slurm_pools
 from stackgate.conclude import decide_and_report, signals_held
 from stackgate.console import Console, Printer
@@ -44,8 +44,13 @@ def run(opts: Options, env: Mapping[str, str], say: Printer | None = None, *, ma
     unfit = {p.pool: p for p in probes if not p.ok}
     runnable = tuple(c for c in chosen.cells if c.pool.name not in unfit and c.id not in blocked)
     deps = inputs.build_suite_deps(opts, loaded, env, say)
-    say(f"resolving the requirements of {len(plan_envs(runnable))} stack(s)")
-    resolutions = machinery.resolve([p.stack for p in plan_envs(runnable)], loaded.table, loaded.host_pip, env, deps)
+    if opts.stacks is not None:  # the stacks are images by digest: nothing of them is resolved or built here
+        say(f"stacks by digest from {opts.stacks}: nothing is resolved or built for them")
+        resolutions: Mapping[str, resolve.Resolution] = {}
+    else:
+        say(f"resolving the requirements of {len(plan_envs(runnable))} stack(s)")
+        resolutions = machinery.resolve([p.stack for p in plan_envs(runnable)], loaded.table, loaded.host_pip, env,
+                                        deps)
     backend = machinery.backend(opts, loaded, env, say, deps)
     run_id = opts.resume or opts.run_id or rundir.new_run_id(loaded.spec.name)
     run_dir = results.resume_dir(opts.reports, opts.resume) if opts.resume else opts.reports / run_id

@@ -106,7 +106,7 @@ class DockerBackend:
         facts = self.engine.facts(tag)
         packages = "\n".join(handle.sbom.get("packages", [])) + "\n"
         labels = handle.sbom.get("labels", {})
-        return StackArtifact(label=handle.stack.label, image=ref, key=handle.key, size=facts.size if facts else 0,
+        return StackArtifact(stack=handle.stack.ident, image=ref, key=handle.key, size=facts.size if facts else 0,
                              sbom_digest="sha256:" + hashlib.sha256(packages.encode()).hexdigest(),
                              torch=labels.get("org.stackgate.torch", str(handle.stack.torch)),
                              cuda=handle.stack.cuda.tag, python=handle.stack.python)
@@ -153,9 +153,9 @@ class DockerBackend:
         """The stack image named by digest in stacks.json, pulled when it is not here. A stack that
         stacks.json does not name is an infrastructure error: a pool runner never builds."""
         assert self.pinned is not None
-        artifact = self.pinned.get(stack.label)
+        artifact = self.pinned.get(stack.ident)
         if artifact is None:
-            raise InfraError(f"stacks.json has no image for stack {stack.label} (it names: "
+            raise InfraError(f"stacks.json has no image for stack {stack.ident} (it names: "
                              f"{', '.join(sorted(self.pinned)) or 'none'}); a pool runner pulls by digest and never "
                              "builds", hint="build and push every stack of this matrix first: `stackgate build --push` "
                                             "with the same matrix and candidate")
@@ -276,7 +276,7 @@ class DockerBackend:
         return tuple(exits)
 
     def describe(self, handle: EnvHandle) -> Described:
-        described = Described(backend="docker", image=handle.ref, env_key=handle.key, stack_label=handle.stack.label,
+        described = Described(backend="docker", image=handle.ref, env_key=handle.key, stack_label=handle.stack.ident,
                               image_labels=handle.sbom.get("labels", {}), image_id=handle.sbom.get("image_id", ""))
         if handle.sbom.get("digest"):
             described["image_digest"] = handle.sbom["digest"]
