@@ -5,6 +5,9 @@
 - One job per pool of the matrix, on the runner labels the pool declares (`runs_on`): it runs
   `stackgate run --pool NAME` and uploads its run directory as the bundle `bundle-NAME`. Its exit
   code fails the job only for usage (2) or infrastructure (3) errors: a pool alone cannot be GO.
+- With a `[registry]` in fleet.toml, a build job first runs `stackgate build --push` and uploads
+  `stacks.json`; every pool job needs it, downloads it and runs with `--stacks stacks.json` (each
+  stack pulled by digest, nothing built on a pool runner).
 - A merge job downloads every bundle, runs `stackgate merge` (whose exit code is the gate), writes
   the step summary, and uploads the HTML report and JUnit.
 
@@ -38,23 +41,53 @@ class Workflow:
     matrix: str  # path of the matrix file, relative to the repository root
     on: str  # the `on:` block, indented
     env: str  # a job-level `env:` block (inputs reach stackgate as STACKGATE_* variables, never as shell text)
+    registry: bool = False  # fleet.toml has [registry]: a build job pushes every stack once, pools pull by digest
 
 
-def _pool_job(pool: RunnerPool, wf: Workflow) -> str:
-    run_id = f"{Path(wf.matrix).stem}-{RUN_ID}-{pool.name}"
-    labels = ", ".join(_q(label) for label in pool.runs_on)
-    return f"""  pool-{pool.name}:
-    name: {_q(f"pool {pool.name}")}
-    runs-on: [{labels}]
+def _build_job(wf: Workflow) -> str:
+    return f"""  build:
+    name: "build and push every stack once"
+    runs-on: ubuntu-latest
     timeout-minutes: 240
 {wf.env}    steps:
       - uses: actions/checkout@v4
       - name: Install stackgate
         run: python3 -m pip install .
-      - name: Run the cells of pool {pool.name}
+      # log in to the registry of fleet.toml's [registry] here (docker/login-action): stackgate pushes
+      # through the Docker engine's client and never takes a credential itself
+      - name: Build and push every stack of the matrix
+        run: stackgate build --push --matrix {wf.matrix} --stacks stacks.json
+      - name: Upload stacks.json
+        uses: actions/upload-artifact@v4
+        with:
+          name: stacks
+          path: stacks.json
+          if-no-files-found: error
+"""
+
+
+def _pool_job(pool: RunnerPool, wf: Workflow) -> str:
+    run_id = f"{Path(wf.matrix).stem}-{RUN_ID}-{pool.name}"
+    labels = ", ".join(_q(label) for label in pool.runs_on)
+    needs = "    needs: [build]\n" if wf.registry else ""
+    stacks = " --stacks stacks.json" if wf.registry else ""
+    download = """      - name: Download stacks.json (each stack by digest)
+        uses: actions/download-artifact@v4
+        with:
+          name: stacks
+""" if wf.registry else ""
+    return f"""  pool-{pool.name}:
+    name: {_q(f"pool {pool.name}")}
+{needs}    runs-on: [{labels}]
+    timeout-minutes: 240
+{wf.env}    steps:
+      - uses: actions/checkout@v4
+      - name: Install stackgate
+        run: python3 -m pip install .
+{download}      - name: Run the cells of pool {pool.name}
         run: |
           set +e
-          stackgate run --matrix {wf.matrix} --pool {pool.name} --run-id "{run_id}"
+          stackgate run --matrix {wf.matrix} --pool {pool.name} --run-id "{run_id}"{stacks}
           rc=$?
           # 0 GO, 1 NO-GO or INCONCLUSIVE: the merge job decides; 2 usage, 3 infrastructure: this job failed
           test "$rc" -le 1
@@ -103,7 +136,7 @@ def render(wf: Workflow, pools: Sequence[RunnerPool]) -> str:
     if not pools:
         raise ConfigError(f"{wf.matrix}: no pool of the matrix declares runs_on in fleet.toml",
                           hint='add runs_on = ["self-hosted", "linux", "<label>"] to each [pool.NAME]')
-    jobs = "".join(_pool_job(p, wf) for p in pools) + _merge_job(pools, wf)
+    jobs = (_build_job(wf) if wf.registry else "") + "".join(_pool_job(p, wf) for p in pools) + _merge_job(pools, wf)
     return (f"{GENERATED}name: {_q(wf.name)}\n\n{wf.on}\npermissions:\n  contents: read\n\n"
             f"concurrency:\n  group: {_q(wf.filename + '-${{ github.ref }}')}\n  cancel-in-progress: false\n\n"
             f"jobs:\n{jobs}")
@@ -130,11 +163,12 @@ GATE_ON = """on:
 """
 
 
-def workflows(pools_of: Mapping[str, Sequence[RunnerPool]]) -> dict[str, str]:
-    """filename -> content, for the nightly and the upgrade matrix (by matrix path -> its pools)."""
-    nightly = Workflow("nightly.yml", "stackgate nightly", "matrix/nightly.toml", NIGHTLY_ON, "")
+def workflows(pools_of: Mapping[str, Sequence[RunnerPool]], *, registry: bool = False) -> dict[str, str]:
+    """filename -> content, for the nightly and the upgrade matrix (by matrix path -> its pools);
+    `registry`: fleet.toml configures one, so a build job pushes every stack and the pools pull them."""
+    nightly = Workflow("nightly.yml", "stackgate nightly", "matrix/nightly.toml", NIGHTLY_ON, "", registry)
     gate = Workflow("upgrade-gate.yml", "stackgate upgrade gate", "matrix/upgrade.toml", GATE_ON,
-                    "    env:\n      STACKGATE_CANDIDATE: ${{ inputs.candidate }}\n")
+                    "    env:\n      STACKGATE_CANDIDATE: ${{ inputs.candidate }}\n", registry)
     return {wf.filename: render(wf, pools_of[wf.matrix]) for wf in (nightly, gate)}
 
 

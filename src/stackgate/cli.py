@@ -329,7 +329,7 @@ def _prune(args: argparse.Namespace) -> int:
 
 
 def _ci_github(args: argparse.Namespace) -> int:
-    from stackgate import ci, matrix
+    from stackgate import artifacts, ci, matrix
     from stackgate.shipped import MATRIX_DIR
     cfg = Path(args.config_dir).absolute() if args.config_dir else (
         Path("matrix").absolute() if Path("matrix", "fleet.toml").is_file() else MATRIX_DIR)
@@ -338,7 +338,8 @@ def _ci_github(args: argparse.Namespace) -> int:
                 for name in ("nightly", "upgrade")}
     out = Path(args.out)
     stale = []
-    for filename, text in ci.workflows(pools_of).items():
+    has_registry = artifacts.from_toml(cfg / "fleet.toml")[0] is not None
+    for filename, text in ci.workflows(pools_of, registry=has_registry).items():
         target = out / filename
         if args.check:
             if not target.is_file() or target.read_text() != text:

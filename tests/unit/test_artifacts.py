@@ -13,7 +13,13 @@ from stackgate import artifacts, bundle, options, results
 from stackgate.backends.docker import DockerBackend
 from stackgate.errors import ConfigError, InfraError
 from stackgate.model import CellResult, Role, Status
-from tests.unit.test_docker_plan import STACK, FakeEngine, backend  # noqa: F401  (the fixture)
+from tests.unit.test_docker_plan import STACK, FakeEngine, fake_backend
+
+
+@pytest.fixture
+def backend(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[DockerBackend, FakeEngine]:
+    return fake_backend(tmp_path, monkeypatch)
+
 
 DIGEST = "127.0.0.1:5050/team/stack@sha256:" + "a" * 64
 

@@ -95,6 +95,11 @@ class FakeEngine:
 
 @pytest.fixture
 def backend(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[DockerBackend, FakeEngine]:
+    return fake_backend(tmp_path, monkeypatch)
+
+
+def fake_backend(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[DockerBackend, FakeEngine]:
+    """The Docker backend over a FakeEngine, with a fake host wheelhouse."""
     house = tmp_path / "cache" / "wheelhouse"
 
     def fake_wheelhouse(cache_dir, requirements, index_args, python, ca_bundle, env, log_path, constraints=()):

@@ -1,0 +1,169 @@
+"""Issue 21's registry acceptance, for real: a real registry (Debian's docker-registry), the real
+engine and the CLI as a user types it, from a project directory with relative paths.
+
+A fleet of two pools on one machine: `stackgate build --push` once, every local copy of the stack
+image removed, then each pool's runner pulls the stack by digest (and builds nothing), and the merge
+of the two bundles says GO; a bundle edited to name another digest is refused. With the htpasswd
+registry: a push without `docker login` is an infrastructure error that says so; after it, the
+password is in no layer, report, log or bundle. The small CPU stack (2.13.0+cpu, ~1.4 GB) keeps the
+round trips cheap."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from stackgate.backends.docker.engine import DockerEngine
+from stackgate.shipped import MATRIX_DIR
+from tests.registry.conftest import Registries
+
+pytestmark = [pytest.mark.docker, pytest.mark.registry]
+ROOT = Path(__file__).resolve().parents[2]
+MATRIX = """[matrix]
+name = "fleet-test"
+channel = "stable"
+pools = ["cpu-a", "cpu-b"]
+torch = ["2.13.0"]
+cuda = ["cpu"]
+python = ["3.11"]
+required = ["*"]
+
+[matrix.cpu]
+cuda = ["cpu"]
+topology = ["1x2"]
+"""
+POOLS = """
+[pool.cpu-a]
+gpu_class = "none"
+nodes = 1
+
+[pool.cpu-b]
+gpu_class = "none"
+nodes = 1
+"""
+COMMON = ("--matrix", "cfg/fleet-test.toml", "--config-dir", "cfg", "--suite", "suite", "--no-platform-checks")
+
+
+def _project(tmp_path: Path, registry: str, repository: str) -> None:
+    shutil.copytree(MATRIX_DIR, tmp_path / "cfg")
+    (tmp_path / "cfg" / "fleet.toml").write_text(f'[registry]\nurl = "{registry}"\nrepository = "{repository}"\n'
+                                                 + POOLS)
+    (tmp_path / "cfg" / "fleet-test.toml").write_text(MATRIX)
+    shutil.copytree(ROOT / "tests" / "data" / "plain_suite", tmp_path / "suite")
+
+
+def _stackgate(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run([sys.executable, "-m", "stackgate", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=1800, check=False)
+    print(f"$ stackgate {' '.join(args)}  -> exit {proc.returncode}\n{proc.stdout[-4000:]}{proc.stderr[-3000:]}")
+    return proc
+
+
+def _forget(engine: DockerEngine, ref: str) -> list[str]:
+    """Remove every local name of the image `ref` (its local tags, registry tags and digests): after
+    this the engine has to pull it. Returns the local stackgate tags, to restore the cache after."""
+    image = engine.client.images.get(ref)
+    local = [t for t in image.tags if t.startswith("stackgate/stack:")]
+    for name in [*image.tags, *image.attrs.get("RepoDigests", [])]:
+        engine.client.images.remove(name)
+    assert engine.facts(ref) is None
+    return local
+
+
+def _restore(engine: DockerEngine, ref: str, tags: list[str]) -> None:
+    """The pulled image is the same image (same id): tag it back for the tiers after this one."""
+    image = engine.client.images.get(ref)
+    for tag in tags:
+        image.tag(*tag.split(":", 1))
+
+
+def test_two_pools_pull_the_stack_by_digest_build_nothing_and_merge_to_go(
+        tmp_path: Path, registries: Registries, engine: DockerEngine) -> None:
+    _project(tmp_path, registries.plain, "stackgate-test/fleet")
+    built = _stackgate(tmp_path, "build", "--push", "--matrix", "cfg/fleet-test.toml", "--config-dir", "cfg")
+    assert built.returncode == 0
+    stacks = json.loads((tmp_path / "stacks.json").read_text())["stacks"]
+    [image] = {s["image"] for s in stacks.values()}  # production and candidate: the same 2.13.0+cpu image
+    assert re.fullmatch(rf"{re.escape(registries.plain)}/stackgate-test/fleet@sha256:[0-9a-f]{{64}}", image)
+    again = _stackgate(tmp_path, "build", "--push", "--matrix", "cfg/fleet-test.toml", "--config-dir", "cfg")
+    assert again.returncode == 0 and "building image" not in again.stdout  # unchanged: a no-op
+    assert json.loads((tmp_path / "stacks.json").read_text())["stacks"] == stacks
+
+    local = _forget(engine, image)
+    try:
+        logs = {}
+        for pool in ("a", "b"):
+            ran = _stackgate(tmp_path, "run", "--pool", f"cpu-{pool}", "--stacks", "stacks.json", *COMMON,
+                             "--reports", f"r{pool}", "--run-id", pool)
+            assert ran.returncode == 1  # alone, a pool cannot be GO: the other pool's required cells did not run
+            assert "building image" not in ran.stdout and "resolving wheels" not in ran.stdout
+            logs[pool] = ran.stdout
+        assert f"pulling {image} (by digest)" in logs["a"] and f"{image} is already here (by digest)" in logs["b"]
+        for pool in ("a", "b"):
+            manifest = json.loads((tmp_path / f"r{pool}" / pool / "run.json").read_text())
+            assert manifest["stacks"] and all(v == [image] for v in manifest["stacks"].values())
+        merged = _stackgate(tmp_path, "merge", "ra/a", "rb/b", "--out", "merged/ab", *COMMON)
+        assert merged.returncode == 0 and "GO (gating verdict GO, exit 0)" in merged.stdout
+        report = json.loads((tmp_path / "merged" / "ab" / "report.json").read_text())
+        assert {r["image"] for r in report["stack_images"]} == {image}
+        assert image in (tmp_path / "merged" / "ab" / "report.md").read_text()
+
+        # a bundle that says it ran another digest of the stack is refused, naming stack and bundles
+        other = image[:-64] + ("0" * 64 if not image.endswith("0" * 64) else "1" * 64)
+        shutil.copytree(tmp_path / "rb" / "b", tmp_path / "rb" / "b-edited")
+        for name in ("run.json", "results.jsonl"):
+            path = tmp_path / "rb" / "b-edited" / name
+            path.write_text(path.read_text().replace(image, other))
+        refused = _stackgate(tmp_path, "merge", "ra/a", "rb/b-edited", "--out", "merged/edited", *COMMON)
+        assert refused.returncode == 2 and "ran as different images" in refused.stderr
+        assert other in refused.stderr and "rb/b-edited" in refused.stderr
+    finally:
+        if engine.facts(image) is None:
+            engine.pull(image, None)
+        _restore(engine, image, local)
+
+
+def _grep_stream(chunks: object, secret: bytes) -> bool:
+    tail = b""
+    for chunk in chunks:  # type: ignore[attr-defined]
+        if secret in tail + chunk:
+            return True
+        tail = chunk[-len(secret):]
+    return False
+
+
+def test_with_an_htpasswd_registry_no_credential_reaches_a_layer_report_log_or_bundle(
+        tmp_path: Path, registries: Registries, engine: DockerEngine) -> None:
+    _project(tmp_path, registries.auth, "stackgate-test/secret")
+    subprocess.run(["docker", "logout", registries.auth], capture_output=True, check=False)
+    refused = _stackgate(tmp_path, "build", "--push", "--matrix", "cfg/fleet-test.toml", "--config-dir", "cfg")
+    assert refused.returncode == 3 and f"docker login {registries.auth}" in refused.stderr
+    login = subprocess.run(["docker", "login", registries.auth, "-u", registries.user, "--password-stdin"],
+                           input=registries.password, capture_output=True, text=True, check=False)
+    assert login.returncode == 0, login.stderr
+    try:
+        built = _stackgate(tmp_path, "build", "--push", "--matrix", "cfg/fleet-test.toml", "--config-dir", "cfg")
+        assert built.returncode == 0
+        [image] = {s["image"] for s in json.loads((tmp_path / "stacks.json").read_text())["stacks"].values()}
+        ran = _stackgate(tmp_path, "run", "--pool", "cpu-a", "--stacks", "stacks.json", *COMMON, "--reports", "r",
+                         "--run-id", "a")
+        assert ran.returncode == 1
+        secret = registries.password.encode()
+        for text in (built.stdout, built.stderr, ran.stdout, ran.stderr):
+            assert registries.password not in text
+        for path in tmp_path.rglob("*"):  # reports, bundle, build logs, stacks.json
+            if path.is_file():
+                assert secret not in path.read_bytes(), path
+        history = subprocess.run(["docker", "history", "--no-trunc", image], capture_output=True, text=True,
+                                 check=True).stdout
+        inspect = subprocess.run(["docker", "inspect", image], capture_output=True, text=True, check=True).stdout
+        assert registries.password not in history and registries.password not in inspect
+        assert not _grep_stream(engine.client.images.get(image).save(chunk_size=1 << 20), secret)  # every layer
+    finally:
+        subprocess.run(["docker", "logout", registries.auth], capture_output=True, check=False)
