@@ -12,6 +12,7 @@ from packaging.version import Version
 
 from stackgate import bundle, fleet, matrix, sources, suite_deps
 from stackgate import compat as compat_mod
+from stackgate import given as given_mod
 from stackgate.console import Printer
 from stackgate.errors import ConfigError
 from stackgate.model import RunnerPool, WheelSource
@@ -34,6 +35,8 @@ class Loaded:
     host_pip: sources.PipConfig
     torch: tuple[Version, ...]
     deps: SuiteDeps  # discovered; local projects are built by `build_suite_deps` before resolution
+    given: given_mod.Probed | None = None  # --candidate-python: the candidate is this interpreter, probed
+    production_given: given_mod.Probed | None = None  # --production-python
 
 
 def load(opts: Options, env: Mapping[str, str], local: fleet.LocalHost) -> Loaded:
@@ -61,6 +64,11 @@ def load(opts: Options, env: Mapping[str, str], local: fleet.LocalHost) -> Loade
         source = replace(source, extra_index_urls=source.extra_index_urls + tuple(
             f"{base}/{v}" for v in matrix.wheel_target(spec).variants), pre=True)
     host_pip = sources.read_pip_config(env)
+    deps = suite_deps.discover(suite_path, opts.suite_requirements, opts.suite_install)
+    candidate, baseline = _given(opts)
+    if candidate is not None:  # the candidate's identity is what its interpreter holds
+        return Loaded(table, spec, production, pools, policy, source, host_pip, (candidate.torch,), deps, candidate,
+                      baseline)
     wanted = (opts.candidate,) if opts.candidate else spec.torch
     versions = []
     for text in wanted:
@@ -73,18 +81,30 @@ def load(opts: Options, env: Mapping[str, str], local: fleet.LocalHost) -> Loade
             raise ConfigError(f"torch {v} is not a release known to {table.path}",
                               hint=f"add a [torch.\"{v.major}.{v.minor}\"] row, or pick one of "
                                    f"{', '.join(sorted(table.torch))}")
-        if v.public and Version(v.public) < Version(production.torch.public):
+        oldest = baseline.torch if baseline is not None else production.torch
+        if v.public and Version(v.public) < Version(oldest.public):
             raise ConfigError(f"candidate torch {v} is older than production {production.torch} "
                               f"({production.path})", hint="a rollback test is the production run; pass a newer candidate")
-    deps = suite_deps.discover(suite_path, opts.suite_requirements, opts.suite_install)
-    return Loaded(table, spec, production, pools, policy, source, host_pip, tuple(versions), deps)
+    return Loaded(table, spec, production, pools, policy, source, host_pip, tuple(versions), deps, None, baseline)
+
+
+def _given(opts: Options) -> tuple[given_mod.Probed | None, given_mod.Probed | None]:
+    """The interpreters given as the candidate and the production stack, probed (never modified)."""
+    candidate = baseline = None
+    if opts.candidate_python is not None:
+        candidate = given_mod.probe_host(opts.candidate_python)
+        given_mod.check_declared(candidate, opts.candidate, "--candidate-python")
+    if opts.production_python is not None:
+        baseline = given_mod.probe_host(opts.production_python)
+    return candidate, baseline
 
 
 def expand(loaded: Loaded, pools: Mapping[str, RunnerPool] | None = None) -> matrix.Expansion:
     """The matrix over `pools` (default: the loaded ones), pruned, paired, and with "required"
     resolved once from the matrix globs and the policy."""
     expansion = matrix.expand(loaded.spec, pools if pools is not None else loaded.pools, loaded.production,
-                              loaded.table, torch_versions=loaded.torch, source=loaded.source)
+                              loaded.table, torch_versions=loaded.torch, source=loaded.source, given=loaded.given,
+                              production_given=loaded.production_given)
     return matrix.require(expansion, loaded.policy.required_cells,
                           where=(loaded.policy.path, loaded.policy.required_cells_line))
 

@@ -19,6 +19,7 @@ from stackgate import compat as compat_mod
 from stackgate import fleet, tomlfile
 from stackgate import sources as sources_mod
 from stackgate.errors import ConfigError
+from stackgate.given import Probed
 from stackgate.model import (
     Cell,
     NotHere,
@@ -254,9 +255,12 @@ def expand(
     torch_versions: Sequence[Version],
     source: WheelSource | None = None,
     production_source: WheelSource | None = None,
+    given: Probed | None = None,
+    production_given: Probed | None = None,
 ) -> Expansion:
     """Candidate cells over pools x torch x cuda x python x topology, pruned by the compat rules,
-    plus one production cell per (pool, topology) that has a candidate."""
+    plus one production cell per (pool, topology) that has a candidate. A `given` stack (an
+    interpreter or image the team has) replaces the torch, CUDA and Python axes with what it holds."""
     source = source or spec.source
     production_source = production_source or production_source_for(spec, source)
     for name in spec.pools:
@@ -268,9 +272,11 @@ def expand(
         pool = pools[name]
         axes = spec.gpu_axes if pool.has_gpu else spec.cpu_axes
         for torch in torch_versions:
-            for cuda, python, topo in itertools.product(axes.variants(torch, table), spec.python, axes.topology):
+            variants = [given.cuda] if given else axes.variants(torch, table)
+            for cuda, python, topo in itertools.product(variants, [given.python] if given else spec.python,
+                                                        axes.topology):
                 combos.append((pool, torch, cuda, python, topo))
-    for rule in spec.includes:
+    for rule in () if given else spec.includes:  # (a given stack is one stack: no extra combinations)
         pool_name = rule.get("pool") or ""
         if pool_name not in pools:
             raise ConfigError(f"[[include]] names unknown pool {pool_name!r}", path=spec.path, line=rule.line)
@@ -290,7 +296,8 @@ def expand(
         values = {"pool": pool.name, "cuda": cuda.tag, "torch": str(torch), "python": python, "topology": topo_word}
         if any(_rule_matches(rule, values) for rule in spec.excludes):
             continue
-        stack = Stack(torch=torch, cuda=cuda, python=python, source=source, channel=spec.channel)
+        stack = Stack(torch=torch, cuda=cuda, python=python, source=source, channel=spec.channel,
+                      given=given.given if given else "")
         resolved = resolve_topology(topo_word, pool)
         cell = Cell(stack=stack, pool=pool, topology=resolved if isinstance(resolved, Topology) else Topology(0, 0),
                     role=Role.CANDIDATE)
@@ -298,6 +305,9 @@ def expand(
 
     for candidate in list(cells.values()):
         stack = production.stack_for(candidate.pool, production_source)
+        if production_given is not None:
+            stack = replace(stack, torch=production_given.torch, cuda=production_given.cuda,
+                            python=production_given.python, given=production_given.given)
         prod = Cell(stack=stack, pool=candidate.pool, topology=candidate.topology, role=Role.PRODUCTION)
         # a baseline is required exactly when a required candidate is compared with it
         partners_required = any(c.required for c in cells.values()

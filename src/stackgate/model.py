@@ -94,6 +94,7 @@ class Stack:
     base_image: str = "stackgate/base:bookworm"
     cuda_compat: bool = False
     extra_requirements: tuple[str, ...] = ()
+    given: str = ""  # "host:<python>" or "image:<ref>": an environment the team has, probed, never built
 
     @property
     def torch_public(self) -> str:
@@ -116,9 +117,12 @@ class Stack:
         return f"{self.label}-{self.content_hash[:8]}"
 
     def to_json(self) -> dict[str, Any]:
-        return {"torch": str(self.torch), "cuda": self.cuda.tag, "python": self.python, "channel": self.channel,
+        data = {"torch": str(self.torch), "cuda": self.cuda.tag, "python": self.python, "channel": self.channel,
                 "base_image": self.base_image, "cuda_compat": self.cuda_compat, "source": self.source.to_json(),
                 "extra_requirements": list(self.extra_requirements)}
+        if self.given:  # (absent otherwise: the content hash of every built stack stays as it was)
+            data["given"] = self.given
+        return data
 
     @property
     def content_hash(self) -> str:

@@ -260,6 +260,13 @@ class Options:
                              commands=(*RUN, "base-image", "build"))
     ca_bundle: str | None = opt(None, str, "extra CA bundle for resolving wheels on the host (never enters an "
                                            "image)", commands=(*RUN, "build"))
+    candidate_python: Path | None = opt(None, _path, "the candidate is this interpreter, as it is (a machine "
+                                                     "image's Python, a conda env, a venv): probed, never modified; "
+                                                     "its torch, CUDA build and Python are the candidate stack's",
+                                        commands=(*RUN_MERGE, *SHOW), metavar="PYTHON")
+    production_python: Path | None = opt(None, _path, "production is this interpreter, as it is (probed, never "
+                                                      "modified; default: production.toml, built by stackgate)",
+                                         commands=(*RUN_MERGE, *SHOW), metavar="PYTHON")
     registry: str | None = opt(None, str, "registry of stack images, host[:port][/path] (default: [registry] url in "
                                           "stackgate.toml, else in <config-dir>/fleet.toml; none: local images only)",
                                commands=BUILD_RUN, metavar="URL")

@@ -165,6 +165,8 @@ def resolve_all(stacks: Sequence[Stack], table: CompatTable, host: PipConfig,
     """By stack content hash. Raises ConfigError on the first stack that cannot exist."""
     out = {}
     for stack in stacks:
+        if stack.given:  # an interpreter or image the team has: nothing of it is resolved or installed
+            continue
         if stack.content_hash not in out:
             out[stack.content_hash] = resolve_stack(stack, table, host, env, deps)
     return out

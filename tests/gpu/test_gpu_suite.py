@@ -4,7 +4,9 @@
 1. The bundled suite under plain pytest on this host's torch, as the harness would set it up for
    the detected local pool: STACKGATE_DEVICE=cuda and one process per GPU. World sizes and the
    expected transport are left to their defaults (derived from the node, "any").
-2. A real `stackgate run --backend venv` of the upgrade matrix's local cells must reach GO.
+2. A real `stackgate run` of the upgrade matrix's local cells with this host's interpreter as both
+   production and candidate (the host backend: probed, never modified, no package index needed when
+   torch, pytest and numpy are installed) must reach GO: an A/A gate of the host's stack on its GPUs.
 """
 
 from __future__ import annotations
@@ -62,8 +64,8 @@ def test_bundled_suite_on_host_torch_with_nccl(host: fleet.LocalHost, tmp_path: 
 
 
 def test_stackgate_run_reaches_go_on_this_gpu_runner(host: fleet.LocalHost, tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "stackgate", "run", "--backend", "venv", "--only", "local-*",
-                           "--run-id", "gpu"], cwd=tmp_path, capture_output=True, text=True, timeout=3600,
+    proc = subprocess.run([sys.executable, "-m", "stackgate", "run", "--candidate-python", sys.executable,
+                           "--production-python", sys.executable, "--only", "local-*", "--run-id", "gpu"], cwd=tmp_path, capture_output=True, text=True, timeout=3600,
                           check=False)
     run_dir = tmp_path / "reports" / "gpu"
     _keep([run_dir / "report.json", run_dir / "report.md"], "stackgate-run", proc.stdout + proc.stderr)

@@ -40,6 +40,7 @@ class Described(TypedDict, total=False):
     image: str
     image_labels: dict[str, str]
     stack_label: str
+    interpreter: str  # host: the interpreter the stack is
     image_id: str
     image_digest: str  # repo@sha256:...: the stack image in the registry
     stack_image: str  # the stack image under a suite layer (`image` is then the layer)

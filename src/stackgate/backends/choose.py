@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
-from stackgate import artifacts, fleet, resolve
-from stackgate.backends.base import Backend
+from stackgate import artifacts, fleet, given, resolve
+from stackgate.backends.base import Backend, Described, EnvHandle, Execution
 from stackgate.compat import CompatTable
 from stackgate.console import Printer
 from stackgate.errors import ConfigError, InfraError
@@ -16,6 +17,7 @@ from stackgate.inputs import Loaded
 from stackgate.model import SlurmSpec, Stack
 from stackgate.options import Options
 from stackgate.sources import PipConfig
+from stackgate.suite import Layout, NodeCommand, NodeExit
 from stackgate.suite_deps import SuiteDeps
 
 BackendFactory = Callable[[Options, Loaded, Mapping[str, str], Printer, SuiteDeps], Backend]
@@ -28,6 +30,9 @@ def make_backend(opts: Options, loaded: Loaded, env: Mapping[str, str], say: Pri
     """The environment backend (`environment_backend`), started through Slurm for the pools whose cells
     are Slurm jobs (`--launcher slurm`, or `launcher = "slurm"` in fleet.toml)."""
     backend = environment_backend(opts, loaded, env, say, deps)
+    if loaded.given is not None or loaded.production_given is not None:
+        from stackgate.backends.host import HostBackend
+        backend = Routed(backend, HostBackend(opts.cache_dir, loaded.table, loaded.host_pip, env, deps=deps, say=say))
     if slurm_pools(opts, loaded):
         from stackgate.backends.slurm import SlurmBackend
         return SlurmBackend(backend, forced=SlurmSpec() if opts.launcher == "slurm" else None, env=env, say=say)
@@ -66,6 +71,39 @@ def environment_backend(opts: Options, loaded: Loaded, env: Mapping[str, str], s
             raise InfraError(made, hint="start the Docker engine, or use --backend venv")
         say(f"notice: {made}; falling back to the venv backend")
     return VenvBackend(opts.cache_dir, loaded.table, loaded.host_pip, env, deps=deps, say=say)
+
+
+@dataclass
+class Routed:
+    """Stacks given as interpreters (`--candidate-python`, `--production-python`) go to the host
+    backend; every other stack to the backend that builds environments."""
+
+    built: Backend
+    host: Backend
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        self.name = self.name or f"{self.built.name}+{self.host.name}"
+
+    def _for(self, stack: Stack) -> Backend:
+        return self.host if stack.given.startswith(f"{given.HOST}:") else self.built
+
+    def prepare(self, stack: Stack, log_path: Path) -> EnvHandle:
+        return self._for(stack).prepare(stack, log_path)
+
+    def layout(self, handle: EnvHandle, exe: Execution) -> Layout:
+        return self._for(handle.stack).layout(handle, exe)
+
+    def execute(self, handle: EnvHandle, commands: Sequence[NodeCommand], deadline: float,
+                exe: Execution) -> tuple[NodeExit, ...]:
+        return self._for(handle.stack).execute(handle, commands, deadline, exe)
+
+    def describe(self, handle: EnvHandle) -> Described:
+        return self._for(handle.stack).describe(handle)
+
+    def close(self) -> None:
+        self.built.close()
+        self.host.close()
 
 
 @dataclass(frozen=True)

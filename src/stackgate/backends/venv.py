@@ -172,13 +172,12 @@ class VenvBackend:
     def execute(self, handle: EnvHandle, commands: Sequence[NodeCommand], deadline: float,
                 exe: Execution) -> tuple[NodeExit, ...]:
         """One process group per node, all at once, in the venv."""
-        venv_bin = str(Path(handle.ref).parent)
+        extra = self.node_env(handle)
         exits: list[NodeExit | None] = [None] * len(commands)
 
         def node(i: int, command: NodeCommand) -> None:
             env = {**node_base(self.env), **command.env}  # an allow-list: no host secret reaches the suite
-            env["PATH"] = venv_bin + os.pathsep + env.get("PATH", "")
-            env["VIRTUAL_ENV"] = str(Path(venv_bin).parent)
+            env.update({**extra, "PATH": extra["PATH"] + os.pathsep + env.get("PATH", "")})
             try:
                 result = proc.run(command.argv, env=env, cwd=command.cwd,
                                   timeout_s=max(deadline - time.monotonic(), 1),
@@ -206,6 +205,11 @@ class VenvBackend:
             if ended:
                 done[0] = dataclasses.replace(done[0], leftovers=tuple(f"pid {pid}: {cmd}" for pid, cmd in ended))
         return tuple(done)
+
+    def node_env(self, handle: EnvHandle) -> dict[str, str]:
+        """What a node's environment gets from the stack's environment: its bin directory first on PATH."""
+        venv_bin = str(Path(handle.ref).parent)
+        return {"PATH": venv_bin, "VIRTUAL_ENV": str(Path(venv_bin).parent)}
 
     def describe(self, handle: EnvHandle) -> Described:
         return {"backend": "venv", "env_key": handle.key}

@@ -33,7 +33,7 @@ def build(opts: Options, env: Mapping[str, str], say: Printer | None = None, *, 
                                                          "stackgate.toml or fleet.toml")
     everywhere = matrix.select(inputs.expand(loaded), opts.only, None)
     cells = [*everywhere.cells, *(n.cell for n in everywhere.not_here)]
-    stacks = [p.stack for p in plan_envs(cells)]
+    stacks = [p.stack for p in plan_envs(cells) if not p.stack.given]  # (a given stack is never built)
     if not stacks:
         raise ConfigError(f"the matrix {opts.matrix} has no stack to build"
                           + (f" (--only {' '.join(opts.only)})" if opts.only else ""))
