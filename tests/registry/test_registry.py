@@ -68,10 +68,14 @@ def _stackgate(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
 def _forget(engine: DockerEngine, ref: str) -> list[str]:
     """Remove every local name of the image `ref` (its local tags, registry tags and digests): after
     this the engine has to pull it. Returns the local stackgate tags, to restore the cache after."""
+    import docker
     image = engine.client.images.get(ref)
     local = [t for t in image.tags if t.startswith("stackgate/stack:")]
     for name in [*image.tags, *image.attrs.get("RepoDigests", [])]:
-        engine.client.images.remove(name)
+        try:
+            engine.client.images.remove(name)
+        except docker.errors.ImageNotFound:  # (the last tag took the image, and its digests, with it)
+            pass
     assert engine.facts(ref) is None
     return local
 
