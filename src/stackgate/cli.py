@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from stackgate import __version__, fleet, options
-from stackgate.errors import ExitCode, InfraError, Interrupted, StackgateError, disk_full
+from stackgate.errors import ConfigError, ExitCode, InfraError, Interrupted, StackgateError, disk_full
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -30,6 +30,15 @@ def build_parser() -> argparse.ArgumentParser:
                                        "and write stacks.json (stack -> image by digest) for the pool runners")
     options.add_arguments(bld, "build")
     bld.add_argument("--push", action="store_true", help="push each stack image to the registry and write stacks.json")
+
+    pro = sub.add_parser("promote", help="after GO: pylock.toml, production.toml (by digest), a changelog, and the "
+                                         "registry's :production tag moved to the tested image; --rollback undoes it")
+    pro.add_argument("run", nargs="?", metavar="RUN_DIR|RUN_ID", help="the GO run to promote")
+    pro.add_argument("--to", default="production", metavar="TAG", help="the registry tag to move (default production)")
+    pro.add_argument("--dry-run", action="store_true", help="say what would be written and moved; do nothing")
+    pro.add_argument("--rollback", action="store_true", help="move the tag back to :previous and write the "
+                                                            "production.toml in force before the last promotion")
+    options.add_arguments(pro, "promote")
 
     mg = sub.add_parser("merge", help="one verdict over the bundles (run directories) of a fleet run")
     mg.add_argument("bundles", nargs="+", metavar="BUNDLE", help="run directories written by `stackgate run --pool`")
@@ -146,6 +155,16 @@ def _dispatch(args: argparse.Namespace) -> int:
         from stackgate.commands.build import build
         cli = {k: v for k, v in vars(args).items() if k not in ("command", "push")}
         return build(options.read(cli, os.environ, Path("stackgate.toml")), dict(os.environ), push=args.push)
+    if args.command == "promote":
+        from stackgate.commands import promote
+        cli = {k: v for k, v in vars(args).items() if k not in ("command", "run", "to", "dry_run", "rollback")}
+        opts = options.read(cli, os.environ, Path("stackgate.toml"))
+        target = promote.Target(tag=args.to, dry_run=args.dry_run)
+        if args.rollback:
+            return promote.rollback(opts, dict(os.environ), target)
+        if not args.run:
+            raise ConfigError("stackgate promote needs the GO run to promote (RUN_DIR or RUN_ID), or --rollback")
+        return promote.promote(opts, dict(os.environ), args.run, target)
     if args.command == "merge":
         from stackgate.commands.merge import merge
         cli = {k: v for k, v in vars(args).items() if k not in ("command", "bundles", "out")}

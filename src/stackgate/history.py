@@ -18,6 +18,10 @@ CREATE TABLE IF NOT EXISTS runs (
   run_id TEXT PRIMARY KEY, matrix TEXT, channel TEXT, started TEXT, finished TEXT,
   decision TEXT, verdict TEXT, candidate TEXT, summary TEXT
 );
+CREATE TABLE IF NOT EXISTS promotions (
+  at TEXT, who TEXT, action TEXT, run_id TEXT, stack TEXT, image TEXT, tag TEXT, previous TEXT,
+  production_toml TEXT, previous_toml TEXT
+);
 CREATE TABLE IF NOT EXISTS calibration (
   pool TEXT, metric TEXT, sigma REAL, pairs INTEGER, run_id TEXT, recorded TEXT,
   PRIMARY KEY (pool, metric, run_id)
@@ -192,3 +196,35 @@ def calibration(path: Path, pool: str) -> dict[str, float]:
         rows = conn.execute("SELECT metric, sigma FROM calibration WHERE pool = ? ORDER BY recorded ASC, run_id ASC",
                             (pool,)).fetchall()
     return {metric: float(sigma) for metric, sigma in rows}
+
+
+@dataclass(frozen=True)
+class Promotion:
+    """One step of `stackgate promote` (action "promote" or "rollback"): who, when, which run proved
+    the image, the tag it moved and what it pointed at before, and production.toml before and after."""
+
+    at: str
+    who: str
+    action: str
+    run_id: str
+    stack: str
+    image: str
+    tag: str
+    previous: str
+    production_toml: str
+    previous_toml: str
+
+
+def record_promotion(path: Path, steps: Sequence[Promotion]) -> None:
+    with connect(path) as conn:
+        conn.executemany("INSERT INTO promotions VALUES (?,?,?,?,?,?,?,?,?,?)",
+                         [tuple(vars(s).values()) for s in steps])
+
+
+def promotions(path: Path) -> list[Promotion]:
+    """Every promotion and rollback, oldest first."""
+    if not path.exists():
+        return []
+    with connect(path) as conn:
+        rows = conn.execute("SELECT * FROM promotions ORDER BY rowid").fetchall()
+    return [Promotion(*row) for row in rows]

@@ -110,7 +110,12 @@ def load_production(path: Path) -> Production:
     doc = tomlfile.load(path)
     tomlfile.check_keys(doc, doc.data, ["production"])
     row = tomlfile.get(doc, doc.data, "production", dict)
-    tomlfile.check_keys(doc, row, ["torch", "cuda", "python", "cpu"], "production")
+    tomlfile.check_keys(doc, row, ["torch", "cuda", "python", "cpu", "run", "images"], "production")
+    tomlfile.get(doc, row, "run", str, "production", default="")  # `stackgate promote`: the run that proved it
+    for label, image in tomlfile.get(doc, row, "images", dict, "production", default={}).items():
+        if not isinstance(image, str) or "@sha256:" not in image:  # the tested images, by digest
+            raise doc.error(f"production image {label!r} must be named by digest (repo@sha256:...)", "production",
+                            "images", label)
     cpu = tomlfile.get(doc, row, "cpu", dict, "production", default={})
     tomlfile.check_keys(doc, cpu, ["cuda"], "production", "cpu")
     return Production(

@@ -142,6 +142,7 @@ RUN_MERGE = ("run", "merge")
 CALIBRATE = ("calibrate",)  # calibrate takes the options of run, and these
 SHOW = ("matrix show",)
 BUILD_RUN = ("run", "build")
+REGISTRY_USERS = ("run", "build", "promote")
 
 
 def _aa_runs(v: object) -> int:
@@ -190,7 +191,7 @@ class Options:
     matrix: Path = computed(_path, "matrix file, or the name of a bundled matrix (default: the bundled upgrade.toml)",
                             commands=(*RUN_MERGE, *SHOW, "build"))
     config_dir: Path = computed(_path, "directory with compat/fleet/production/policy TOML (default: the bundled "
-                                       "data)", commands=(*RUN_MERGE, *SHOW, "build"))
+                                       "data)", commands=(*RUN_MERGE, *SHOW, "build", "promote"))
     policy: Path | None = opt(None, _path, "gate policy file (default: the suite's stackgate-policy.toml, else "
                                            "<config-dir>/policy.toml for the bundled suite)", commands=RUN_MERGE)
     backend: BackendName = opt("auto", _backend, "how stacks are built and cells run")
@@ -215,10 +216,11 @@ class Options:
                                                     "interleaved, until N runs in all, then decide; 1 = never "
                                                     "(default: the policy's [performance] confirm_repeats)",
                                       commands=RUN_MERGE, metavar="N")
-    reports: Path = opt(Path("reports"), _path, "reports directory", commands=(*RUN_MERGE, "build"))
+    reports: Path = opt(Path("reports"), _path, "reports directory", commands=(*RUN_MERGE, "build", "promote"))
     run_id: str | None = opt(None, str, "run id (default: time, matrix and a random suffix)", commands=RUN_MERGE)
     resume: str | None = opt(None, str, "continue a run; finished cells are skipped", metavar="RUN_ID")
-    cache_dir: Path = computed(_path, "where environments are cached (default ~/.cache/stackgate)", commands=(*RUN, "build"))
+    cache_dir: Path = computed(_path, "where environments are cached (default ~/.cache/stackgate)",
+                               commands=(*RUN, "build", "promote"))
     suite: Path | None = opt(None, _path, "pytest suite to run in each stack (default: the bundled integration_tests)",
                              commands=RUN_MERGE)
     suite_requirements: tuple[Path, ...] = opt((), _paths, "the suite's requirements file (repeatable; default: "
@@ -244,7 +246,7 @@ class Options:
     nightly_index: str | None = opt(None, str, "a nightly index with one directory per variant, like PyTorch's "
                                                "(URL/<variant>/torch/...)", commands=(*RUN_MERGE, "build"), metavar="URL")
     history: Path = computed(_path, "history database (default <reports>/history.sqlite)",
-                             commands=(*RUN_MERGE, "history"))
+                             commands=(*RUN_MERGE, "history", "promote"))
     rollback: bool = opt(True, _bool, "skip the rollback phase (production reading the candidate's artifacts)",
                          negate="--no-rollback")
     platform_checks: bool = opt(True, _bool, "with --suite: do not add the bundled identity/collective/transport "
@@ -269,9 +271,9 @@ class Options:
                                          commands=(*RUN_MERGE, *SHOW), metavar="PYTHON")
     registry: str | None = opt(None, str, "registry of stack images, host[:port][/path] (default: [registry] url in "
                                           "stackgate.toml, else in <config-dir>/fleet.toml; none: local images only)",
-                               commands=BUILD_RUN, metavar="URL")
+                               commands=REGISTRY_USERS, metavar="URL")
     repository: str | None = opt(None, str, "image name under the registry (default: [registry] repository, else "
-                                            "stackgate/stack)", commands=BUILD_RUN, metavar="NAME")
+                                            "stackgate/stack)", commands=REGISTRY_USERS, metavar="NAME")
     stacks: Path | None = opt(None, _path, "run: pull each stack by digest from this stacks.json (written by "
                                            "`stackgate build --push`) and never build one; build: where to write it "
                                            "(default stacks.json)", commands=BUILD_RUN, metavar="FILE")

@@ -78,7 +78,8 @@ def promoted(report: Mapping[str, Any]) -> list[Promoted]:
                                          "cells": []})
         entry["gpu"] = entry["gpu"] or cell.get("device") == "cuda"
         entry["image"] = entry["image"] or str(env.get("image_digest") or "")
-        entry["packages"] = entry["packages"] or tuple(str(p) for p in env.get("packages") or ())
+        own = env.get("stack_packages") or env.get("packages") or ()  # the stack's own, not the suite's view
+        entry["packages"] = entry["packages"] or tuple(str(p) for p in own)
         entry["cells"].append(str(cell.get("id")))
     if not found:
         raise ConfigError("the run has no candidate stack that passed: nothing to promote")
@@ -163,8 +164,8 @@ def pylock(stack: Promoted, out: Path, index: Mapping[tuple[str, Version], Path]
                                  hint="the tested environment must be reproducible from wheels")
             found.append((name, version, hit))
     lines = ['lock-version = "1.0"', f'requires-python = "=={stack.python}.*"', 'created-by = "stackgate"', ""]
-    for name, version, path in sorted(found):
-        version = version or str(parse_wheel_filename(path.name)[1])
+    for name, pinned, path in sorted(found):
+        version = pinned or str(parse_wheel_filename(path.name)[1])
         lines += ["[[packages]]", f"name = {json.dumps(name)}", f"version = {json.dumps(version)}", "",
                   "[[packages.wheels]]", f"name = {json.dumps(path.name)}",
                   f"path = {json.dumps('wheels/' + path.name)}", f"size = {path.stat().st_size}",

@@ -199,8 +199,9 @@ class Runner:
         except InfraError as exc:
             result = did_not_run(Status.INFRA_ERROR, str(exc))
         environment = {**result.environment, "env_reused": handle.reused, "env_prepare_s": round(handle.prepare_s, 1)}
-        if "packages" not in environment and handle.sbom.get("packages"):  # the environment's own SBOM
-            environment["packages"] = handle.sbom["packages"]
+        if handle.sbom.get("packages"):  # the stack's own SBOM, as its backend recorded it (what a promotion locks)
+            environment["stack_packages"] = handle.sbom["packages"]
+            environment.setdefault("packages", handle.sbom["packages"])
         if ctx.suite_deps:
             environment["suite_requirements"] = ctx.suite_deps
         result = ctx.mask.result(replace(result, environment=environment))

@@ -10,6 +10,7 @@ round trips cheap."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import shutil
@@ -18,7 +19,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from packaging.utils import canonicalize_name
 
+from stackgate import history
 from stackgate.backends.docker.engine import DockerEngine
 from stackgate.shipped import MATRIX_DIR
 from tests.registry.conftest import Registries
@@ -72,10 +75,8 @@ def _forget(engine: DockerEngine, ref: str) -> list[str]:
     image = engine.client.images.get(ref)
     local = [t for t in image.tags if t.startswith("stackgate/stack:")]
     for name in [*image.tags, *image.attrs.get("RepoDigests", [])]:
-        try:
+        with contextlib.suppress(docker.errors.ImageNotFound):  # (the last tag took the image with it)
             engine.client.images.remove(name)
-        except docker.errors.ImageNotFound:  # (the last tag took the image, and its digests, with it)
-            pass
     assert engine.facts(ref) is None
     return local
 
@@ -118,6 +119,8 @@ def test_two_pools_pull_the_stack_by_digest_build_nothing_and_merge_to_go(
         assert {r["image"] for r in report["stack_images"]} == {image}
         assert image in (tmp_path / "merged" / "ab" / "report.md").read_text()
 
+        _promote_and_roll_back(tmp_path, engine, image, f"{registries.plain}/stackgate-test/fleet")
+
         # a bundle that says it ran another digest of the stack is refused, naming stack and bundles
         other = image[:-64] + ("0" * 64 if not image.endswith("0" * 64) else "1" * 64)
         shutil.copytree(tmp_path / "rb" / "b", tmp_path / "rb" / "b-edited")
@@ -131,6 +134,54 @@ def test_two_pools_pull_the_stack_by_digest_build_nothing_and_merge_to_go(
         if engine.facts(image) is None:
             engine.pull(image, None)
         _restore(engine, image, local)
+
+
+def _canonical(freeze: str) -> list[str]:
+    return sorted(f"{canonicalize_name(n)}=={v}" for n, _, v in (line.partition("==") for line in freeze.split()))
+
+
+def _promote_and_roll_back(tmp_path: Path, engine: DockerEngine, image: str, name: str) -> None:
+    """`stackgate promote` of the merged GO run: the tested digest becomes `:production`, the one it
+    replaces `:previous`; its pylock.toml reproduces the tested freeze offline; `--rollback` moves
+    `:production` back; a run that is not GO is refused (exit 2). Each step is in the history."""
+    old = tmp_path / "old-production"  # what production was before: a tiny image of its own
+    old.mkdir()
+    (old / "README").write_text("the production stack before this promotion\n")
+    engine.import_rootfs(old, "stackgate-test/old:1")
+    before = engine.move_tag("stackgate-test/old:1", name, "production")
+    assert before != image
+
+    refused = _stackgate(tmp_path, "promote", "ra/a", "--config-dir", "cfg")  # one pool alone: INCONCLUSIVE
+    assert refused.returncode == 2 and "not GO: only a GO run is promoted" in refused.stderr
+    dry = _stackgate(tmp_path, "promote", "merged/ab", "--config-dir", "cfg", "--dry-run")
+    assert dry.returncode == 0 and not (tmp_path / "merged" / "ab" / "promotion").exists()
+    assert engine.resolve_tag(name, "production") == before
+
+    promoted = _stackgate(tmp_path, "promote", "merged/ab", "--config-dir", "cfg")
+    assert promoted.returncode == 0
+    assert engine.resolve_tag(name, "production") == image and engine.resolve_tag(name, "previous") == before
+    out = tmp_path / "merged" / "ab" / "promotion"
+    production = (out / "production.toml").read_text()
+    assert image in production and 'run = "ab"' in production and 'torch = "2.13.0"' in production
+    assert image in (out / "CHANGELOG.md").read_text() and (out / "production.toml.patch").read_text().startswith("---")
+    report = json.loads((tmp_path / "merged" / "ab" / "report.json").read_text())
+    [tested] = {tuple(c["environment"]["stack_packages"]) for c in report["cells"] if c["role"] == "candidate"}
+    subprocess.run([sys.executable, "-m", "uv", "venv", "-q", "--python", "3.11", "fresh"], cwd=tmp_path, check=True)
+    synced = subprocess.run([sys.executable, "-m", "uv", "pip", "sync", "--offline", "--python", "fresh/bin/python",
+                             str(out / "cpu-torch2.13.0-py3.11" / "pylock.toml")], cwd=tmp_path, capture_output=True,
+                            text=True, check=False)
+    assert synced.returncode == 0, synced.stderr
+    freeze = subprocess.run([sys.executable, "-m", "uv", "pip", "freeze", "--python", "fresh/bin/python"], cwd=tmp_path,
+                            capture_output=True, text=True, check=True).stdout
+    assert _canonical(freeze) == _canonical("\n".join(tested))  # the tested environment, exactly
+
+    back = _stackgate(tmp_path, "promote", "--rollback", "--config-dir", "cfg")
+    assert back.returncode == 0 and engine.resolve_tag(name, "production") == before
+    [rolled] = list((tmp_path / "reports").glob("rollback-*/production.toml"))
+    assert rolled.read_text() == (tmp_path / "cfg" / "production.toml").read_text()
+    steps = history.promotions(tmp_path / "reports" / "history.sqlite")
+    assert [(p.action, p.run_id, p.image) for p in steps] == [("promote", "ab", image), ("rollback", "ab", before)]
+    assert all(p.who and p.at for p in steps)
 
 
 def _grep_stream(chunks: object, secret: bytes) -> bool:

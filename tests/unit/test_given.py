@@ -47,7 +47,7 @@ def test_a_declared_torch_that_disagrees_with_the_probe_names_both() -> None:
     given.check_declared(probed, None, "--candidate-python")
     with pytest.raises(ConfigError, match=r"x/bin/python holds torch 2\.12\.0\+cpu .* declares torch 2\.13\.0"):
         given.check_declared(probed, "2.13.0", "--candidate-python")
-    with pytest.raises(ConfigError, match="declares torch 2.12.0\\+cu126"):
+    with pytest.raises(ConfigError, match=r"declares torch 2\.12\.0\+cu126"):
         given.check_declared(probed, "2.12.0+cu126", "--candidate-python")
 
 

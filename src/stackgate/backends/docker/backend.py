@@ -89,8 +89,8 @@ class DockerBackend:
             sbom["digest"] = image.digest
         if runs != image.ref:
             sbom["suite_layer"] = runs
-        try:
-            sbom["packages"] = self.engine.read_file(runs, str(inside.PIP_FREEZE)).split()
+        try:  # the stack image's own SBOM (a suite layer on top adds the suite's packages to what the suite sees)
+            sbom["packages"] = self.engine.read_file(image.ref, str(inside.PIP_FREEZE)).split()
         except Exception as exc:
             sbom["sbom_error"] = str(exc)
         return EnvHandle(stack, runs, image.key, reused=image.reused, prepare_s=time.monotonic() - start, sbom=sbom)

@@ -65,6 +65,8 @@ class Engine(Protocol):
     def facts(self, ref: str) -> ImageFacts | None: ...
     def push(self, tag: str, name: str, on_line: Printer | None) -> str: ...
     def pull(self, ref: str, on_line: Printer | None) -> None: ...
+    def resolve_tag(self, name: str, tag: str) -> str | None: ...
+    def move_tag(self, ref: str, name: str, tag: str) -> str: ...
     def build(self, context: Path, tag: str, on_line: Printer | None) -> None: ...
     def import_rootfs(self, rootfs: Path, tag: str) -> None: ...
     def read_file(self, tag: str, path: str) -> str: ...
@@ -143,6 +145,31 @@ class DockerEngine:
                              on_line)
         except docker.errors.APIError as exc:
             raise InfraError(f"docker pull {ref} failed: {exc}", hint=_registry_hint(name)) from None
+
+    def resolve_tag(self, name: str, tag: str) -> str | None:
+        """What `name:tag` points at in the registry (`name@sha256:...`), or None when it has no such tag."""
+        import docker
+        try:
+            _registry_stream(self.client.api.pull(name, tag=tag, stream=True, decode=True), f"docker pull {name}:{tag}",
+                             None)
+        except InfraError as exc:
+            if "manifest unknown" in str(exc) or "not found" in str(exc).lower():
+                return None
+            raise
+        except docker.errors.NotFound:
+            return None
+        except docker.errors.APIError as exc:
+            raise InfraError(f"docker pull {name}:{tag} failed: {exc}", hint=_registry_hint(name)) from None
+        facts = self.facts(f"{name}:{tag}")
+        return next((d for d in facts.repo_digests if d.split("@", 1)[0] == name), None) if facts else None
+
+    def move_tag(self, ref: str, name: str, tag: str) -> str:
+        """Point `name:tag` at the image `ref` (already in the registry): its layers are there, so only
+        the tag's manifest is written; nothing is rebuilt or uploaded again. The digest it points at."""
+        if self.facts(ref) is None:
+            self.pull(ref, None)
+        self.client.images.get(ref).tag(name, tag)
+        return self.push(f"{name}:{tag}", name, None)
 
     def build(self, context: Path, tag: str, on_line: Printer | None) -> None:
         import docker
