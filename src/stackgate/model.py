@@ -385,21 +385,11 @@ class CellResult:
         return None
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "cell_id": self.cell_id,
-            "role": self.role.value,
-            "status": self.status.value,
-            "reason": self.reason,
-            "duration_s": round(self.duration_s, 3),
-            "cell": self.cell,
-            "tests": [t.to_json() for t in self.tests],
-            "metrics": [m.to_json() for m in self.metrics],
-            "environment": self.environment,
-            "warnings": list(self.warnings),
-            "log_tail": self.log_tail,
-            "phase": str(self.phase),
-            "against": self.against,
-        }
+        return {"cell_id": self.cell_id, "role": self.role.value, "status": self.status.value, "reason": self.reason,
+                "duration_s": round(self.duration_s, 3), "cell": self.cell, "tests": [t.to_json() for t in self.tests],
+                "metrics": [m.to_json() for m in self.metrics], "environment": self.environment,
+                "warnings": list(self.warnings), "log_tail": self.log_tail, "phase": str(self.phase),
+                "against": self.against}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> CellResult:

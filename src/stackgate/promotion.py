@@ -237,7 +237,7 @@ def changelog(report: Mapping[str, Any], stacks: Sequence[Promoted], run_id: str
                 f"{e(c['outcome'])} |" for c in comparisons]
     else:
         out.append("- no performance metric was compared")
-    waived = [r for r in report.get("reasons", []) if "waived until" in str(r.get("message", ""))]
+    waived = [r for r in report.get("reasons", []) if r.get("severity") == "waived"]
     out += ["", "## Waivers still in force", ""]
     out += [f"- {e(r.get('cell') or '')}: {e(r['message'])}" for r in waived] or ["- none"]
     out += ["", "## Install it", ""]

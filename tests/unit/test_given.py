@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from stackgate import compat, fleet, given, matrix
-from stackgate.backends.choose import Routed
 from stackgate.backends.host import lacking, satisfied
+from stackgate.backends.routed import Routed
 from stackgate.errors import ConfigError
 from stackgate.model import Stack
 from stackgate.versions import CudaVariant, parse_driver, parse_torch

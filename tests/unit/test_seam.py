@@ -207,13 +207,14 @@ def test_no_import_cycle_in_the_package() -> None:
 
 
 def test_only_the_runner_calls_a_backends_execute() -> None:
-    """A backend may wrap another (Slurm starts the inner backend's nodes); nothing else executes nodes."""
+    """A backend may wrap another (Slurm starts the inner backend's nodes; Routed sends each stack to its
+    backend); nothing else executes nodes."""
     callers = {str(p.relative_to(SRC)) for p in SRC.rglob("*.py")
                if not p.is_relative_to(SRC / "resources") and not p.is_relative_to(SRC / "backends")
                and re.search(r"\bbackend\.execute\(|\.execute\(handle", p.read_text())}
     assert callers == {"runner.py"}
     wrappers = {str(p.relative_to(SRC)) for p in (SRC / "backends").rglob("*.py") if ".execute(" in p.read_text()}
-    assert wrappers == {"backends/slurm.py"}
+    assert wrappers == {"backends/slurm.py", "backends/routed.py"}
 
 
 def test_no_phase_text_is_written_or_read_outside_the_model() -> None:

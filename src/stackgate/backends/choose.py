@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
-from stackgate import artifacts, fleet, given, resolve
-from stackgate.backends.base import Backend, Described, EnvHandle, Execution
+from stackgate import artifacts, fleet, resolve
+from stackgate.backends.base import Backend
+from stackgate.backends.routed import Routed
 from stackgate.compat import CompatTable
 from stackgate.console import Printer
 from stackgate.errors import ConfigError, InfraError
@@ -17,7 +17,6 @@ from stackgate.inputs import Loaded
 from stackgate.model import SlurmSpec, Stack
 from stackgate.options import Options
 from stackgate.sources import PipConfig
-from stackgate.suite import Layout, NodeCommand, NodeExit
 from stackgate.suite_deps import SuiteDeps
 
 BackendFactory = Callable[[Options, Loaded, Mapping[str, str], Printer, SuiteDeps], Backend]
@@ -71,39 +70,6 @@ def environment_backend(opts: Options, loaded: Loaded, env: Mapping[str, str], s
             raise InfraError(made, hint="start the Docker engine, or use --backend venv")
         say(f"notice: {made}; falling back to the venv backend")
     return VenvBackend(opts.cache_dir, loaded.table, loaded.host_pip, env, deps=deps, say=say)
-
-
-@dataclass
-class Routed:
-    """Stacks given as interpreters (`--candidate-python`, `--production-python`) go to the host
-    backend; every other stack to the backend that builds environments."""
-
-    built: Backend
-    host: Backend
-    name: str = ""
-
-    def __post_init__(self) -> None:
-        self.name = self.name or f"{self.built.name}+{self.host.name}"
-
-    def _for(self, stack: Stack) -> Backend:
-        return self.host if stack.given.startswith(f"{given.HOST}:") else self.built
-
-    def prepare(self, stack: Stack, log_path: Path) -> EnvHandle:
-        return self._for(stack).prepare(stack, log_path)
-
-    def layout(self, handle: EnvHandle, exe: Execution) -> Layout:
-        return self._for(handle.stack).layout(handle, exe)
-
-    def execute(self, handle: EnvHandle, commands: Sequence[NodeCommand], deadline: float,
-                exe: Execution) -> tuple[NodeExit, ...]:
-        return self._for(handle.stack).execute(handle, commands, deadline, exe)
-
-    def describe(self, handle: EnvHandle) -> Described:
-        return self._for(handle.stack).describe(handle)
-
-    def close(self) -> None:
-        self.built.close()
-        self.host.close()
 
 
 @dataclass(frozen=True)

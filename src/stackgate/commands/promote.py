@@ -13,12 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from stackgate import artifacts, history, proc, promotion
+from stackgate import artifacts, history, promotion
 from stackgate.console import Console, Printer
-from stackgate.errors import ConfigError, InfraError
+from stackgate.errors import ConfigError
 from stackgate.options import Options
 from stackgate.report.data import now
-from stackgate.sources import pip_command, read_pip_config
+from stackgate.sources import read_pip_config
 
 OUT = "promotion"
 
@@ -31,12 +31,8 @@ class Tags(Protocol):
 
 
 def _engine() -> Tags:
-    from stackgate.backends.docker.engine import DockerEngine
-    engine = DockerEngine()
-    problem = engine.problem()
-    if problem:
-        raise InfraError(problem, hint="moving registry tags goes through the Docker engine: start dockerd")
-    return engine
+    from stackgate.backends.docker import registry_tags
+    return registry_tags()
 
 
 @dataclass(frozen=True)
@@ -168,9 +164,5 @@ def _moves(images: Sequence[str], registry: artifacts.Registry | None, tag: str)
 
 def _download(pins: Sequence[str], to: Path, stack: promotion.Promoted, env: Mapping[str, str]) -> None:
     """The exact versions the run's caches do not hold, fetched once as wheels (no dependencies)."""
-    from stackgate.backends.docker.images import download_args
-    result = proc.run([*pip_command(), "download", "--no-deps", "-d", str(to),
-                       *download_args([], stack.python, None), *pins], env=dict(env), timeout_s=3600)
-    if not result.ok:
-        raise InfraError(f"downloading the tested wheels of {stack.label} failed (exit {result.returncode})",
-                         hint=result.tail[-800:])
+    from stackgate.backends.docker import download_wheels
+    download_wheels(pins, to, stack.python, env)

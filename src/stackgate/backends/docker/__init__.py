@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from stackgate import proc
 from stackgate.artifacts import Registry, StackArtifact
 from stackgate.backends.docker import images
 from stackgate.backends.docker.backend import DockerBackend
@@ -16,7 +17,7 @@ from stackgate.backends.docker.engine import DockerEngine
 from stackgate.compat import CompatTable
 from stackgate.errors import ConfigError, InfraError
 from stackgate.shipped import BUNDLED_SUITE
-from stackgate.sources import PipConfig
+from stackgate.sources import PipConfig, pip_command
 from stackgate.suite_deps import SuiteDeps
 
 
@@ -76,4 +77,22 @@ def prune(*, keep: int, dry_run: bool, say: Callable[[str], None] = print) -> in
     return 0
 
 
-__all__ = ["DockerBackend", "base_image", "create", "prune"]
+def registry_tags() -> DockerEngine:
+    """The engine, for moving registry tags (`stackgate promote`): pushes go through its client."""
+    engine = DockerEngine()
+    problem = engine.problem()
+    if problem:
+        raise InfraError(problem, hint="moving registry tags goes through the Docker engine: start dockerd")
+    return engine
+
+
+def download_wheels(pins: Sequence[str], to: Path, python: str, env: Mapping[str, str]) -> None:
+    """Exact versions as wheels for the target Python/platform, no dependencies (a promotion's lock)."""
+    result = proc.run([*pip_command(), "download", "--no-deps", "-d", str(to),
+                       *images.download_args([], python, None), *pins], env=dict(env), timeout_s=3600)
+    if not result.ok:
+        raise InfraError(f"downloading {' '.join(pins)[:300]} failed (exit {result.returncode})",
+                         hint=result.tail[-800:])
+
+
+__all__ = ["DockerBackend", "base_image", "create", "download_wheels", "prune", "registry_tags"]
