@@ -73,12 +73,12 @@ class Probed:
         return f"{self.kind}:{self.ref}"
 
 
-def parse(kind: str, ref: str, output: str) -> Probed:
+def parse(kind: str, ref: str, output: str, exit_code: int = 0) -> Probed:
     """The probe's output, read: an interpreter without torch is a configuration error (the stack
     it is given as has no torch to gate)."""
     lines = [line for line in output.splitlines() if line.startswith("stackgate-given ")]
     if not lines:
-        raise ConfigError(f"the {kind} stack {ref}: its interpreter did not answer the probe",
+        raise ConfigError(f"the {kind} stack {ref}: its interpreter did not answer the probe (exit {exit_code})",
                           hint=output.strip()[-600:] or "is it a Python 3 interpreter?")
     data = json.loads(lines[-1].split(" ", 1)[1])
     if "error" in data or "torch" not in data:

@@ -16,7 +16,7 @@ from stackgate import given as given_mod
 from stackgate.console import Printer
 from stackgate.errors import ConfigError
 from stackgate.model import RunnerPool, WheelSource
-from stackgate.options import Options
+from stackgate.options import Options, flag_of
 from stackgate.policy import Policy, load_for_suite
 from stackgate.shipped import BUNDLED_SUITE
 from stackgate.suite import PLATFORM_CHECKS, SuiteSpec
@@ -90,13 +90,26 @@ def load(opts: Options, env: Mapping[str, str], local: fleet.LocalHost) -> Loade
 
 def _given(opts: Options) -> tuple[given_mod.Probed | None, given_mod.Probed | None]:
     """The interpreters given as the candidate and the production stack, probed (never modified)."""
+    for a, b in (("candidate_python", "candidate_image"), ("production_python", "production_image")):
+        if getattr(opts, a) is not None and getattr(opts, b) is not None:
+            raise ConfigError(f"{flag_of(a)} and {flag_of(b)} both name the stack: give one")
     candidate = baseline = None
     if opts.candidate_python is not None:
         candidate = given_mod.probe_host(opts.candidate_python)
         given_mod.check_declared(candidate, opts.candidate, "--candidate-python")
+    if opts.candidate_image is not None:
+        candidate = _probe_image(opts.candidate_image, opts.image_python)
+        given_mod.check_declared(candidate, opts.candidate, "--candidate-image")
     if opts.production_python is not None:
         baseline = given_mod.probe_host(opts.production_python)
+    if opts.production_image is not None:
+        baseline = _probe_image(opts.production_image, opts.image_python)
     return candidate, baseline
+
+
+def _probe_image(ref: str, python: str) -> given_mod.Probed:
+    from stackgate.backends import docker
+    return docker.probe_image(ref, python)
 
 
 def expand(loaded: Loaded, pools: Mapping[str, RunnerPool] | None = None) -> matrix.Expansion:

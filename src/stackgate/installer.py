@@ -5,6 +5,7 @@ cached directory (locked, staged, put in place whole)."""
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import re
 import shutil
@@ -17,6 +18,15 @@ _NETWORK = re.compile(r"Failed to fetch|error sending request|tcp connect error|
                       r"Temporary failure in name resolution|NewConnectionError|ConnectTimeoutError|"
                       r"Network is unreachable|Could not fetch URL", re.I)
 _NO_SPACE = re.compile(r"No space left on device|\[Errno 28\]")
+
+
+def file_sha256(path: Path) -> str:
+    """The sha256 of a file (a wheel), read in blocks."""
+    h = hashlib.sha256()
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def is_network_failure(output: str) -> bool:

@@ -269,6 +269,14 @@ class Options:
     production_python: Path | None = opt(None, _path, "production is this interpreter, as it is (probed, never "
                                                       "modified; default: production.toml, built by stackgate)",
                                          commands=(*RUN_MERGE, *SHOW), metavar="PYTHON")
+    candidate_image: str | None = opt(None, str, "the candidate is this image, as it is (an NGC or DLC image, yours): "
+                                                 "pulled, probed, run with its own interpreter, never rebuilt",
+                                      commands=(*RUN_MERGE, *SHOW), metavar="REF")
+    production_image: str | None = opt(None, str, "production is this image, as it is (pulled, probed, never "
+                                                  "rebuilt)", commands=(*RUN_MERGE, *SHOW), metavar="REF")
+    image_python: str = opt("python3", str, "the interpreter of a --candidate-image / --production-image (default: "
+                                            "the first python3 on the image's PATH)", commands=(*RUN_MERGE, *SHOW),
+                            metavar="PATH")
     registry: str | None = opt(None, str, "registry of stack images, host[:port][/path] (default: [registry] url in "
                                           "stackgate.toml, else in <config-dir>/fleet.toml; none: local images only)",
                                commands=REGISTRY_USERS, metavar="URL")

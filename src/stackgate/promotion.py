@@ -8,7 +8,6 @@ Pure functions over files; the registry is touched only by `commands/promote.py`
 from __future__ import annotations
 
 import difflib
-import hashlib
 import json
 import os
 import shutil
@@ -21,6 +20,7 @@ from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel
 from packaging.version import InvalidVersion, Version
 
 from stackgate.errors import ConfigError, InfraError
+from stackgate.installer import file_sha256
 from stackgate.report.markdown import md_escape
 
 
@@ -112,14 +112,6 @@ def wheel_index(dirs: Iterable[Path]) -> dict[tuple[str, Version], Path]:
     return out
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _place(src: Path, dst: Path) -> None:
     if dst.exists():
         return
@@ -169,7 +161,7 @@ def pylock(stack: Promoted, out: Path, index: Mapping[tuple[str, Version], Path]
         lines += ["[[packages]]", f"name = {json.dumps(name)}", f"version = {json.dumps(version)}", "",
                   "[[packages.wheels]]", f"name = {json.dumps(path.name)}",
                   f"path = {json.dumps('wheels/' + path.name)}", f"size = {path.stat().st_size}",
-                  f'hashes = {{sha256 = "{_sha256(path)}"}}', ""]
+                  f'hashes = {{sha256 = "{file_sha256(path)}"}}', ""]
     target = out / "pylock.toml"
     target.write_text("\n".join(lines))
     return target

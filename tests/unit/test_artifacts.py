@@ -128,3 +128,38 @@ def test_merge_refuses_bundles_that_ran_one_stack_as_different_images(tmp_path: 
         bundle.check_same_images([_bundle(tmp_path / "a", DIGEST), _bundle(tmp_path / "b", None)])
     with pytest.raises(ConfigError, match="2 different images"):  # run.json edited to name another digest
         bundle.check_same_images([_bundle(tmp_path / "a", DIGEST, recorded=other)])
+
+
+def test_a_given_image_is_run_as_it_is_with_the_suites_prefix_mounted_read_only(
+        backend: tuple[DockerBackend, FakeEngine], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from stackgate.backends import host
+    from stackgate.model import Cell, GpuClass, Role, RunnerPool, Stack, Topology
+    from stackgate.runner import run_cell
+    from stackgate.suite import RunContext, SuiteSpec
+    from stackgate.versions import CudaVariant, parse_torch
+    be, engine = backend
+    ref = "team/trainer:2.13"
+    engine.images[ref] = {"_id": "sha256:" + "e" * 64}
+    engine.given_probe = "stackgate-given " + json.dumps({
+        "python": "3.11", "executable": "/opt/venv/bin/python3", "torch": "2.13.0+cpu", "cuda": None,
+        "packages": ["torch==2.13.0+cpu", "filelock==4.3.1"]})
+    prefix = tmp_path / "prefix"
+    seen: list[object] = []
+
+    def fake_prefix(cache_dir, deps, probed, target, index, env, log_path, say):  # type: ignore[no-untyped-def]
+        seen.append((probed.ref, list(target)))
+        return prefix
+
+    monkeypatch.setattr(host, "suite_prefix", fake_prefix)
+    stack = Stack(parse_torch("2.13.0+cpu"), CudaVariant.parse("cpu"), "3.11", given=f"image:{ref}")
+    handle = be.prepare(stack, tmp_path / "g.log")
+    assert engine.builds == [] and handle.ref == ref and handle.sbom["interpreter"] == "/opt/venv/bin/python3"
+    assert seen == [(ref, ["--python-version", "3.11", "--python-platform", "x86_64-manylinux_2_28"])]
+    cell = Cell(stack, RunnerPool("local", None, GpuClass.NONE, is_local=True), Topology(1, 2), Role.CANDIDATE)
+    run_cell(be, cell, handle, RunContext("r1", tmp_path / "run", SuiteSpec()))
+    [spec] = engine.groups[-1][0]
+    assert spec.image == ref and spec.command[0] == "/opt/venv/bin/python3"  # the image's own interpreter
+    assert (str(prefix), "/sg/prefix", "ro") in spec.mounts and spec.env["PYTHONPATH"] == "/sg/prefix"
+    engine.given_probe = engine.given_probe.replace("2.13.0+cpu", "2.12.0+cpu")
+    with pytest.raises(InfraError, match="changed while the run went on"):
+        be.prepare(stack, tmp_path / "g.log")

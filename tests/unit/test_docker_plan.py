@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from stackgate import compat, suite
+from stackgate import compat, given, suite
 from stackgate.backends.docker import DockerBackend, images
 from stackgate.backends.docker.engine import ContainerExit, ContainerSpec, ImageFacts, container_kwargs
 from stackgate.errors import InfraError
@@ -34,6 +34,7 @@ class FakeEngine:
     pushed: list[str] = field(default_factory=list)
     pulled: list[str] = field(default_factory=list)
     registry: dict[str, dict[str, str]] = field(default_factory=dict)  # what a pull can fetch, by digest ref
+    given_probe: str = ""  # what a given image's interpreter answers
 
     def problem(self) -> str | None:
         return None
@@ -79,6 +80,8 @@ class FakeEngine:
 
     def run_group(self, specs: Sequence[ContainerSpec], *, network: str | None, timeout_s: float,
                   on_line: object) -> list[ContainerExit]:
+        if specs and given.PROBE in specs[0].command:  # the probe of a given image
+            return [ContainerExit(specs[0].name, 0, False, False, self.given_probe)]
         if specs and not specs[0].mounts:  # the check of a cached image: `python -c 'import torch'`
             return [ContainerExit(specs[0].name, 0 if self.probe.startswith("stackgate-probe") else 1, False, False,
                                   self.probe)]

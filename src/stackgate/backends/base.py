@@ -30,6 +30,8 @@ class Sbom(TypedDict, total=False):
     size: int  # image: bytes
     digest: str  # image: repo@sha256:... in the registry (pushed or pulled)
     suite_layer: str  # image: the thin layer with the suite's own requirements that the cells ran
+    interpreter: str  # a given image: its interpreter (the probe's sys.executable)
+    suite_prefix: str  # a given image: the host prefix with what the suite needs and it lacks
 
 
 class Described(TypedDict, total=False):

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from stackgate import artifacts, fleet, resolve
+from stackgate import artifacts, fleet, given, resolve
 from stackgate.backends.base import Backend
 from stackgate.backends.routed import Routed
 from stackgate.compat import CompatTable
@@ -29,7 +29,7 @@ def make_backend(opts: Options, loaded: Loaded, env: Mapping[str, str], say: Pri
     """The environment backend (`environment_backend`), started through Slurm for the pools whose cells
     are Slurm jobs (`--launcher slurm`, or `launcher = "slurm"` in fleet.toml)."""
     backend = environment_backend(opts, loaded, env, say, deps)
-    if loaded.given is not None or loaded.production_given is not None:
+    if any(g is not None and g.kind == given.HOST for g in (loaded.given, loaded.production_given)):
         from stackgate.backends.host import HostBackend
         backend = Routed(backend, HostBackend(opts.cache_dir, loaded.table, loaded.host_pip, env, deps=deps, say=say))
     if slurm_pools(opts, loaded):
@@ -53,8 +53,10 @@ def environment_backend(opts: Options, loaded: Loaded, env: Mapping[str, str], s
     if opts.backend == "auto" and slurm_pools(opts, loaded):
         say("notice: Slurm jobs run the stack's venv on the nodes: using the venv backend")
         return VenvBackend(opts.cache_dir, loaded.table, loaded.host_pip, env, deps=deps, say=say)
-    if opts.stacks is not None and opts.backend == "venv":
-        raise ConfigError("--stacks names stack images by digest: it needs the docker backend, not --backend venv")
+    images = opts.candidate_image is not None or opts.production_image is not None
+    if (opts.stacks is not None or images) and opts.backend == "venv":
+        raise ConfigError(f"{'--stacks' if opts.stacks else '--candidate-image / --production-image'} names images: "
+                          "it needs the docker backend, not --backend venv")
     if opts.backend in ("docker", "auto"):
         from stackgate.backends import docker
 
@@ -63,10 +65,10 @@ def environment_backend(opts: Options, loaded: Loaded, env: Mapping[str, str], s
                              mirror=opts.debian_mirror, ca_bundle=opts.ca_bundle, say=say, deps=deps,
                              auto=opts.backend == "auto" and pinned is None,
                              registry=artifacts.configured(opts.registry, opts.repository, opts.config_dir),
-                             pinned=pinned)
+                             pinned=pinned, image_python=opts.image_python)
         if not isinstance(made, str):
             return made
-        if opts.backend == "docker" or pinned is not None:
+        if opts.backend == "docker" or pinned is not None or images:
             raise InfraError(made, hint="start the Docker engine, or use --backend venv")
         say(f"notice: {made}; falling back to the venv backend")
     return VenvBackend(opts.cache_dir, loaded.table, loaded.host_pip, env, deps=deps, say=say)

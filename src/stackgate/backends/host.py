@@ -15,7 +15,7 @@ import json
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,7 @@ from stackgate.errors import ConfigError, InfraError
 from stackgate.installer import cache_lock, cached_dir, is_network_failure
 from stackgate.model import Stack
 from stackgate.sources import installer_args
+from stackgate.suite_deps import SuiteDeps
 
 PREFIX_MARKER = "stackgate-prefix.json"
 
@@ -61,6 +62,52 @@ def lacking(pins: tuple[str, ...], held: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(p for p in pins if _name(p) not in have)
 
 
+def suite_prefix(cache_dir: Path, deps: SuiteDeps, probed: given.Probed, target: Sequence[str],
+                 index: Sequence[str], env: Mapping[str, str], log_path: Path,
+                 say: Callable[[str], None]) -> Path | None:
+    """What the suite needs and the given stack lacks, resolved with everything the stack holds as a
+    constraint and installed (only those, no dependencies beyond the resolution) into a cached prefix
+    for the suite's PYTHONPATH; None when the stack lacks nothing (no index is asked then). `target`:
+    `--python PATH` (an interpreter here), or `--python-version`/`--python-platform` (an image's)."""
+    wanted = deps.install_lines()
+    if satisfied(wanted, probed.packages):
+        return None
+    uv = [sys.executable, "-m", "uv"]
+    env = {**env, "UV_PYTHON_DOWNLOADS": "never"}
+    with tempfile.TemporaryDirectory(prefix="stackgate-given-") as tmp:
+        (Path(tmp) / "requirements.in").write_text("\n".join(wanted) + "\n")
+        (Path(tmp) / "constraints.txt").write_text("\n".join((*probed.packages, *deps.constraint_lines())) + "\n")
+        result = proc.run([*uv, "pip", "compile", str(Path(tmp) / "requirements.in"), *target,
+                           "--constraint", str(Path(tmp) / "constraints.txt"), "--no-header", "--no-annotate",
+                           "--quiet", *index], env=env, timeout_s=900, log_path=log_path)
+    if not result.ok:
+        if is_network_failure(result.tail):
+            raise InfraError(f"resolving the suite's requirements for {probed.ref} failed: an index could not be "
+                             "reached", hint=result.tail[-800:])
+        raise PrepareFailed(f"the suite's requirements ({' '.join(wanted)}) cannot be resolved with what "
+                            f"{probed.ref} holds (nothing of it may change)", result.tail)
+    pins = tuple(line.strip() for line in result.tail.splitlines()
+                 if line.strip() and not line.startswith(("#", " ")) and ("==" in line or " @ " in line))
+    missing = lacking(pins, probed.packages)
+    if not missing:
+        return None
+    digest = hashlib.sha256(json.dumps([probed.ref, list(target), list(missing)]).encode()).hexdigest()[:16]
+    prefix = cache_dir / f"given-prefix-{digest}"
+    prefix.parent.mkdir(parents=True, exist_ok=True)
+    with cache_lock(prefix):
+        if (prefix / PREFIX_MARKER).exists():
+            return prefix
+        say(f"  the suite's requirements {probed.ref} lacks, into {prefix.name}: {' '.join(missing)}")
+        with cached_dir(prefix, say) as staging:
+            installed = proc.run([*uv, "pip", "install", "--target", str(staging), *target, "--no-deps", *index,
+                                  *missing], env=env, timeout_s=1800, log_path=log_path)
+            if not installed.ok:
+                raise InfraError(f"installing the suite's requirements into {prefix} failed "
+                                 f"(exit {installed.returncode})", hint=installed.tail[-800:])
+            (staging / PREFIX_MARKER).write_text(json.dumps({"for": probed.ref, "installed": missing}))
+    return prefix
+
+
 class HostBackend(VenvBackend):
     name = "host"
 
@@ -86,48 +133,8 @@ class HostBackend(VenvBackend):
         return handle
 
     def _suite_prefix(self, stack: Stack, python: Path, probed: given.Probed, log_path: Path) -> Path | None:
-        """The suite's requirements the interpreter lacks, installed (no dependencies of their own beyond
-        the resolution) into a cached prefix; None when it lacks nothing."""
-        wanted = self.deps.install_lines()
-        if satisfied(wanted, probed.packages):
-            return None
-        uv = [sys.executable, "-m", "uv"]
-        env = {**self.env, "UV_PYTHON_DOWNLOADS": "never"}
-        with tempfile.TemporaryDirectory(prefix="stackgate-host-") as tmp:
-            (Path(tmp) / "requirements.in").write_text("\n".join(wanted) + "\n")
-            (Path(tmp) / "constraints.txt").write_text("\n".join((*probed.packages, *self.deps.constraint_lines()))
-                                                       + "\n")
-            result = proc.run([*uv, "pip", "compile", str(Path(tmp) / "requirements.in"), "--python", str(python),
-                               "--constraint", str(Path(tmp) / "constraints.txt"), "--no-header", "--no-annotate",
-                               "--quiet", *installer_args(stack.source, self.host_pip)],
-                              env=env, timeout_s=900, log_path=log_path)
-        if not result.ok:
-            if is_network_failure(result.tail):
-                raise InfraError(f"resolving the suite's requirements for the host stack {python} failed: an index "
-                                 "could not be reached", hint=result.tail[-800:])
-            raise PrepareFailed(f"the suite's requirements ({' '.join(wanted)}) cannot be resolved with what the host "
-                                f"stack {python} holds (nothing of it may change)", result.tail)
-        pins = tuple(line.strip() for line in result.tail.splitlines()
-                     if line.strip() and not line.startswith(("#", " ")) and ("==" in line or " @ " in line))
-        missing = lacking(pins, probed.packages)
-        if not missing:
-            return None
-        digest = hashlib.sha256(json.dumps([str(python), probed.python, list(missing)]).encode()).hexdigest()[:16]
-        prefix = self.cache_dir / f"host-prefix-{digest}"
-        prefix.parent.mkdir(parents=True, exist_ok=True)
-        with cache_lock(prefix):
-            if (prefix / PREFIX_MARKER).exists():
-                return prefix
-            self.say(f"  the suite's requirements the host stack lacks, into {prefix.name}: {' '.join(missing)}")
-            with cached_dir(prefix, self.say) as staging:
-                installed = proc.run([*uv, "pip", "install", "--target", str(staging), "--python", str(python),
-                                      "--no-deps", *installer_args(stack.source, self.host_pip), *missing],
-                                     env=env, timeout_s=1800, log_path=log_path)
-                if not installed.ok:
-                    raise InfraError(f"installing the suite's requirements into {prefix} failed "
-                                     f"(exit {installed.returncode})", hint=installed.tail[-800:])
-                (staging / PREFIX_MARKER).write_text(json.dumps({"python": str(python), "installed": missing}))
-        return prefix
+        return suite_prefix(self.cache_dir, self.deps, probed, ["--python", str(python)],
+                            installer_args(stack.source, self.host_pip), self.env, log_path, self.say)
 
     def node_env(self, handle: EnvHandle) -> dict[str, str]:
         """PATH starts with the interpreter's directory; the suite's prefix (if any) is on PYTHONPATH;

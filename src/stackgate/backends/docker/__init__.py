@@ -4,16 +4,18 @@ Nothing outside this package imports the SDK or the engine (a unit test checks).
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from stackgate import proc
+from stackgate import given, proc
 from stackgate.artifacts import Registry, StackArtifact
 from stackgate.backends.docker import images
 from stackgate.backends.docker.backend import DockerBackend
-from stackgate.backends.docker.engine import DockerEngine
+from stackgate.backends.docker.engine import ContainerSpec, DockerEngine, Engine
 from stackgate.compat import CompatTable
 from stackgate.errors import ConfigError, InfraError
 from stackgate.shipped import BUNDLED_SUITE
@@ -24,7 +26,7 @@ from stackgate.suite_deps import SuiteDeps
 def create(cache_dir: Path, compat: CompatTable, host_pip: PipConfig, env: Mapping[str, str], *,
            allow_bootstrap: bool, mirror: str, ca_bundle: str | None, say: Callable[[str], None],
            deps: SuiteDeps | None, auto: bool, registry: Registry | None = None,
-           pinned: Mapping[str, StackArtifact] | None = None) -> DockerBackend | str:
+           pinned: Mapping[str, StackArtifact] | None = None, image_python: str = "python3") -> DockerBackend | str:
     """The Docker backend, or the sentence that says why not. With `auto`, Docker is only chosen
     when the base image exists or can be bootstrapped."""
     engine = DockerEngine()
@@ -37,14 +39,14 @@ def create(cache_dir: Path, compat: CompatTable, host_pip: PipConfig, env: Mappi
         return problem
     return DockerBackend(engine, cache_dir, compat, host_pip, env, suite_dir=BUNDLED_SUITE,
                          allow_bootstrap=allow_bootstrap, mirror=mirror, ca_bundle=ca_bundle, say=say, deps=deps,
-                         registry=registry, pinned=pinned)
+                         registry=registry, pinned=pinned, image_python=image_python)
 
 
-def _engine() -> DockerEngine:
+def _engine(hint: str = "start dockerd first") -> DockerEngine:
     engine = DockerEngine()
     problem = engine.problem()
     if problem:
-        raise InfraError(problem, hint="start dockerd first")
+        raise InfraError(problem, hint=hint)
     return engine
 
 
@@ -77,13 +79,27 @@ def prune(*, keep: int, dry_run: bool, say: Callable[[str], None] = print) -> in
     return 0
 
 
+def probe_image(ref: str, python: str, say: Callable[[str], None] = print) -> given.Probed:
+    """A prebuilt image, pulled when it is not here, and probed by its own interpreter (one short
+    container, no network, as the node containers run)."""
+    engine = _engine()
+    if engine.facts(ref) is None:
+        say(f"pulling {ref}")
+        engine.pull(ref, None)
+    return probe_in(engine, ref, python)
+
+
+def probe_in(engine: Engine, ref: str, python: str) -> given.Probed:
+    spec = ContainerSpec(name=f"sg-probe-{os.getpid()}-{time.monotonic_ns() % 10**8}", image=ref,
+                         command=(python, "-c", given.PROBE), env={}, mounts=(), hostname="probe",
+                         user=f"{os.getuid()}:{os.getgid()}")
+    [ran] = engine.run_group([spec], network=None, timeout_s=300, on_line=None)
+    return given.parse(given.IMAGE, ref, ran.log, ran.exit_code if ran.exit_code is not None else -1)
+
+
 def registry_tags() -> DockerEngine:
     """The engine, for moving registry tags (`stackgate promote`): pushes go through its client."""
-    engine = DockerEngine()
-    problem = engine.problem()
-    if problem:
-        raise InfraError(problem, hint="moving registry tags goes through the Docker engine: start dockerd")
-    return engine
+    return _engine("moving registry tags goes through the Docker engine: start dockerd")
 
 
 def download_wheels(pins: Sequence[str], to: Path, python: str, env: Mapping[str, str]) -> None:

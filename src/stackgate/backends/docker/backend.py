@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from stackgate import proc, shipped
+from stackgate import given, proc, shipped
 from stackgate.artifacts import Registry, StackArtifact
 from stackgate.backends.base import (
     TORCH_PROBE,
@@ -61,7 +61,8 @@ class DockerBackend:
                  env: Mapping[str, str], *, suite_dir: Path, allow_bootstrap: bool = True,
                  mirror: str = DEBIAN_MIRROR, ca_bundle: str | None = None,
                  say: Callable[[str], None] = print, deps: SuiteDeps | None = None,
-                 registry: Registry | None = None, pinned: Mapping[str, StackArtifact] | None = None) -> None:
+                 registry: Registry | None = None, pinned: Mapping[str, StackArtifact] | None = None,
+                 image_python: str = "python3") -> None:
         self.engine = engine
         self.cache_dir = cache_dir
         self.compat = compat
@@ -75,12 +76,15 @@ class DockerBackend:
         self.deps = deps or SuiteDeps()
         self.registry = registry
         self.pinned = pinned  # stacks.json: pull these by digest, build nothing
+        self.image_python = image_python  # the interpreter of a given image (--candidate-image)
 
     def prepare(self, stack: Stack, log_path: Path) -> EnvHandle:
         """The stack's image: pulled by digest when the run was given stacks.json (never built then),
         else built (or reused by its content key); the suite's own requirements, if any, as a thin layer
         on top. The suite itself is mounted when a cell runs: it is never part of an image."""
         start = time.monotonic()
+        if stack.given.startswith(f"{given.IMAGE}:"):
+            return self._given(stack, log_path, start)
         image = self._pulled(stack, log_path) if self.pinned is not None else self._built(stack, log_path)
         runs = self._suite_layer(stack, image, log_path) if self.deps.own_lines() else image.ref
         sbom = Sbom(kind="image", tag=image.ref, key=image.key, labels=image.labels, image_id=image.id,
@@ -94,6 +98,35 @@ class DockerBackend:
         except Exception as exc:
             sbom["sbom_error"] = str(exc)
         return EnvHandle(stack, runs, image.key, reused=image.reused, prepare_s=time.monotonic() - start, sbom=sbom)
+
+    def _given(self, stack: Stack, log_path: Path, start: float) -> EnvHandle:
+        """A prebuilt image, as it is: pulled when it is not here, probed again (it must still hold what
+        the run started with), never rebuilt. What the suite needs and it lacks is a prefix on the host,
+        mounted read-only into each node container (the image's digest stays the one tested)."""
+        from stackgate.backends import docker
+        from stackgate.backends.host import suite_prefix
+        ref = stack.given.removeprefix(f"{given.IMAGE}:")
+        if self.engine.facts(ref) is None:
+            self.say(f"  pulling {ref}")
+            self.engine.pull(ref, None)
+        try:
+            probed = docker.probe_in(self.engine, ref, self.image_python)
+        except ConfigError as exc:
+            raise InfraError(f"the image {ref} no longer answers its probe: {exc}") from None
+        if probed.torch != stack.torch or probed.cuda != stack.cuda:
+            raise InfraError(f"the image {ref} changed while the run went on: it holds torch {probed.torch}, "
+                             f"the run started with {stack.torch}")
+        target = ["--python-version", probed.python, "--python-platform", "x86_64-manylinux_2_28"]
+        prefix = suite_prefix(self.cache_dir / "envs", self.deps, probed, target,
+                              installer_args(stack.source, self.host_pip), self.env, log_path, self.say)
+        image = self._image(ref, "", True)
+        sbom = Sbom(kind="image", tag=ref, key=image.id[7:23], labels=image.labels, image_id=image.id,
+                    size=image.size, packages=list(probed.packages), interpreter=probed.executable)
+        if image.digest:
+            sbom["digest"] = image.digest
+        if prefix is not None:
+            sbom["suite_prefix"] = str(prefix)
+        return EnvHandle(stack, ref, sbom["key"], reused=True, prepare_s=time.monotonic() - start, sbom=sbom)
 
     def publish(self, handle: EnvHandle) -> StackArtifact:
         """Push a prepared stack image to the registry: the artifact by digest. An unchanged stack is
@@ -178,6 +211,8 @@ class DockerBackend:
             raise InfraError(f"the engine does not list the image {ref}")
         labels = {k: v for k, v in (self.engine.image_labels(ref) or {}).items() if k != "_id"}
         name = self.registry.name if self.registry else ref.split("@", 1)[0] if "@" in ref else ""
+        if not name and ":" in ref.rsplit("/", 1)[-1]:  # a given image by tag: its repository's digest
+            name = ref.rsplit(":", 1)[0]
         digest = next((d for d in facts.repo_digests if name and d.split("@", 1)[0] == name), "")
         return StackImage(ref, key, facts.id, labels, reused, wheels, facts.size, digest)
 
@@ -242,7 +277,7 @@ class DockerBackend:
         """Nodes are containers: the cell's directories are mounted at /sg/..., the suite (and the
         bundled one, for its platform checks) read-only, and node0 hosts the rendezvous."""
         bundled = inside.SUITE if exe.suite == self.suite_dir.resolve() else inside.BUNDLED_SUITE
-        return Layout(python="python", out=Path(inside.OUT), artifacts=Path(inside.ARTIFACTS), shared=Path(inside.SHARED),
+        return Layout(python=handle.sbom.get("interpreter") or "python", out=Path(inside.OUT), artifacts=Path(inside.ARTIFACTS), shared=Path(inside.SHARED),
                       suite=Path(inside.SUITE), bundled=Path(bundled),
                       endpoint=f"node0:{RDZV_PORT}" if exe.cell.topology.nodes > 1 else "")
 
@@ -253,13 +288,17 @@ class DockerBackend:
         mounts = [(str(exe.workdir), str(inside.OUT), "rw"), (str(exe.artifacts), str(inside.ARTIFACTS), "rw"),
                   (str(exe.shared), str(inside.SHARED), "rw")]
         mounts.append((str(exe.suite), str(inside.SUITE), "ro"))
+        prefix = handle.sbom.get("suite_prefix")
+        if prefix:  # a given image: what the suite needs and it lacks, read-only, on PYTHONPATH
+            mounts.append((prefix, str(inside.PREFIX), "ro"))
+        python = handle.sbom.get("interpreter") or "python"
         if exe.suite != self.suite_dir.resolve():
             mounts.append((str(self.suite_dir.resolve()), str(inside.BUNDLED_SUITE), "ro"))
         label = commands[0].label if commands else "none"
         reports = [f"leftovers-node{c.node}-{c.label}.txt" for c in commands]
         specs = [ContainerSpec(name=f"sg-{exe.tag}-{c.label}-node{c.node}", image=handle.ref,
-                               command=("python", "-c", NODE_INIT, str(inside.OUT / r), "--", *c.argv),
-                               env=dict(c.env), mounts=tuple(mounts), hostname=f"node{c.node}",
+                               command=(python, "-c", NODE_INIT, str(inside.OUT / r), "--", *c.argv),
+                               env={**c.env, **({"PYTHONPATH": str(inside.PREFIX)} if prefix else {})}, mounts=tuple(mounts), hostname=f"node{c.node}",
                                gpu=exe.cell.device == "cuda", user=f"{os.getuid()}:{os.getgid()}", workdir=str(c.cwd))
                  for c, r in zip(commands, reports, strict=True)]
         ran = self.engine.run_group(specs, network=f"sg-{exe.tag}-{label}",

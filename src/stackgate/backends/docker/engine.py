@@ -100,25 +100,24 @@ class DockerEngine:
             return f"Docker engine not answering: {exc}"
         return None
 
-    def image_labels(self, tag: str) -> dict[str, str] | None:
+    def _image(self, ref: str) -> Any:
+        """The SDK's image object, or None when the engine does not have it."""
         import docker
         try:
-            image = self.client.images.get(tag)
+            return self.client.images.get(ref)
         except docker.errors.ImageNotFound:
             return None
         except docker.errors.APIError as exc:
             raise InfraError(f"Docker engine error: {exc}") from None
-        labels = image.labels or {}
-        return {**labels, "_id": image.id}
+
+    def image_labels(self, tag: str) -> dict[str, str] | None:
+        image = self._image(tag)
+        return None if image is None else {**(image.labels or {}), "_id": image.id}
 
     def facts(self, ref: str) -> ImageFacts | None:
-        import docker
-        try:
-            image = self.client.images.get(ref)
-        except docker.errors.ImageNotFound:
+        image = self._image(ref)
+        if image is None:
             return None
-        except docker.errors.APIError as exc:
-            raise InfraError(f"Docker engine error: {exc}") from None
         return ImageFacts(image.id, int(image.attrs.get("Size") or 0), tuple(image.attrs.get("RepoDigests") or ()))
 
     def push(self, tag: str, name: str, on_line: Printer | None) -> str:
@@ -137,9 +136,12 @@ class DockerEngine:
         return f"{name}@{pushed}"
 
     def pull(self, ref: str, on_line: Printer | None) -> None:
-        """Pull `repo@sha256:...` (by digest: what was tested is what runs)."""
+        """Pull `repo@sha256:...` (by digest: what was tested is what runs), or `repo:tag`."""
         import docker
         name, _, digest = ref.partition("@")
+        if not digest:
+            last = ref.rsplit("/", 1)[-1]
+            name, digest = (ref.rsplit(":", 1) if ":" in last else (ref, "latest"))
         try:
             _registry_stream(self.client.api.pull(name, tag=digest, stream=True, decode=True), f"docker pull {ref}",
                              on_line)

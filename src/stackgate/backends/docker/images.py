@@ -24,7 +24,7 @@ from stackgate import proc
 from stackgate.backends.docker import layout
 from stackgate.backends.docker.engine import Engine
 from stackgate.errors import InfraError
-from stackgate.installer import cache_lock, cached_dir, is_network_failure
+from stackgate.installer import cache_lock, cached_dir, file_sha256, is_network_failure
 from stackgate.model import Stack
 from stackgate.shipped import DOCKERFILE_TEMPLATE, SUITE_LAYER
 from stackgate.sources import PipConfig, pip_command
@@ -105,14 +105,6 @@ def in_image(requirement: str) -> str:
     return f"{name}{extras}=={version}"
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def download_args(index_args: Sequence[str], python: str, ca_bundle: str | None) -> list[str]:
     """pip download arguments for the target Python/platform (not the host's)."""
     args = ["--only-binary=:all:", "--python-version", python.rstrip("t"), "--implementation", "cp",
@@ -168,7 +160,7 @@ def _wheelhouse_locked(path: Path, requirements: Sequence[str], index_args: Sequ
                                  "reached", hint=result.tail[-1500:])
             raise WheelhouseFailed(f"downloading wheels for {' '.join(requirements)} failed (exit "
                                    f"{result.returncode})", result.tail)
-        wheels = tuple(sorted((Wheel(p.name, _sha256(p)) for p in staging.glob("*.whl")), key=lambda w: w.filename))
+        wheels = tuple(sorted((Wheel(p.name, file_sha256(p)) for p in staging.glob("*.whl")), key=lambda w: w.filename))
         (staging / "wheels.json").write_text(json.dumps([w.__dict__ for w in wheels], indent=1))
     return Wheelhouse(path, wheels)
 

@@ -15,4 +15,5 @@ OUT = PurePosixPath("/sg/out")  # the cell's directory: node logs, each attempt'
 ARTIFACTS = PurePosixPath("/sg/artifacts")
 SHARED = PurePosixPath("/sg/shared")
 SUITE = PurePosixPath("/sg/suite")  # the suite a cell runs, read-only (never part of an image)
+PREFIX = PurePosixPath("/sg/prefix")  # a given image: what the suite needs and the image lacks, read-only
 BUNDLED_SUITE = PurePosixPath("/sg/bundled")  # the bundled suite beside a user's, for its platform checks
