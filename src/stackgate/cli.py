@@ -243,20 +243,10 @@ def _compat_check(args: argparse.Namespace) -> int:
 
 
 def _matrix_show(args: argparse.Namespace) -> int:
-    from stackgate import compat, matrix, sources
-    from stackgate.versions import parse_torch
-    opts = options.read({"matrix": args.file or args.matrix, "config_dir": args.config_dir,
-                         "candidate": args.candidate, "only": args.only}, os.environ, Path("stackgate.toml"))
-    cfg = opts.config_dir
-    table = compat.load_compat(cfg / "compat.toml")
-    spec = matrix.load_matrix(opts.matrix)
-    production = matrix.load_production(cfg / "production.toml")
-    pools = fleet.load_pools(cfg / "fleet.toml", fleet.detect_local())
-    wanted = [opts.candidate] if opts.candidate else list(spec.torch)
-    torches = [sources.newest_nightly(spec.source, sources.read_pip_config(dict(os.environ)),
-                                       target=matrix.wheel_target(spec)) if t == "nightly"
-               else parse_torch(t) for t in wanted]
-    exp = matrix.select(matrix.expand(spec, pools, production, table, torch_versions=torches), opts.only)
+    from stackgate import inputs
+    cli = {k: v for k, v in vars(args).items() if k not in ("command", "matrix_command", "file", "json")}
+    opts = options.read({**cli, "matrix": args.file or args.matrix}, os.environ, Path("stackgate.toml"))
+    exp = inputs.select(opts, inputs.load(opts, dict(os.environ), fleet.detect_local()), shard=False)
     if args.json:
         print(json.dumps(render_matrix_json(exp), indent=2))
         return 0

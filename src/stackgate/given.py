@@ -12,6 +12,7 @@ import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
@@ -118,6 +119,45 @@ def _run(argv: Sequence[str]) -> tuple[int, str]:
     except OSError as exc:
         raise InfraError(f"cannot run {argv[0]}: {exc}") from None
     return result.returncode if result.returncode is not None else -1, result.tail
+
+
+@dataclass(frozen=True)
+class Declared:
+    """A `[[stack]]` table of a matrix file: the candidate or production stack is one the team has."""
+
+    role: str  # "candidate" | "production"
+    kind: str  # HOST | IMAGE
+    ref: str  # the interpreter's path (absolute), or the image reference
+    python: str  # an image's interpreter ("python3": the first on its PATH)
+
+
+def declared_stacks(doc: Any, rows: Any) -> tuple[Declared, ...]:
+    """`[[stack]] role = "candidate", backend = "host", python = "/opt/conda/bin/python"` or
+    `[[stack]] role = "candidate", image = "registry/repo@sha256:...", python = "/opt/conda/bin/python"`;
+    a host interpreter's relative path is taken against the matrix file's directory."""
+    from stackgate import tomlfile
+    if not isinstance(rows, list):
+        raise doc.error("[[stack]] entries must be tables", "stack")
+    out: dict[str, Declared] = {}
+    for row in rows:
+        if not isinstance(row, dict):
+            raise doc.error("[[stack]] entries must be tables", "stack")
+        tomlfile.check_keys(doc, row, ["role", "backend", "python", "image"], "stack")
+        role = tomlfile.get(doc, row, "role", str, "stack", default="candidate")
+        backend = tomlfile.get(doc, row, "backend", str, "stack", default=HOST if "image" not in row else "docker")
+        python = tomlfile.get(doc, row, "python", str, "stack", default="")
+        image = tomlfile.get(doc, row, "image", str, "stack", default="")
+        if role not in ("candidate", "production") or role in out:
+            raise doc.error(f"[[stack]] role = {role!r}: one stack per role, candidate or production", "stack",
+                            hint='role = "candidate" (the default) or "production"')
+        if (image and backend == HOST) or (not image and (backend != HOST or not python)):
+            raise doc.error("[[stack]] needs either image = REF (with python = its interpreter, optional) or "
+                            'backend = "host" with python = PATH', "stack")
+        if image:
+            out[role] = Declared(role, IMAGE, image, python or "python3")
+        else:
+            out[role] = Declared(role, HOST, str((doc.path.parent / python).absolute()), python)
+    return tuple(out.values())
 
 
 def check_declared(probed: Probed, declared: str | None, flag: str) -> None:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
 
 from packaging.version import Version
 
@@ -65,7 +67,7 @@ def load(opts: Options, env: Mapping[str, str], local: fleet.LocalHost) -> Loade
             f"{base}/{v}" for v in matrix.wheel_target(spec).variants), pre=True)
     host_pip = sources.read_pip_config(env)
     deps = suite_deps.discover(suite_path, opts.suite_requirements, opts.suite_install)
-    candidate, baseline = _given(opts)
+    candidate, baseline = _given(_with_declared(opts, spec))
     if candidate is not None:  # the candidate's identity is what its interpreter holds
         return Loaded(table, spec, production, pools, policy, source, host_pip, (candidate.torch,), deps, candidate,
                       baseline)
@@ -86,6 +88,20 @@ def load(opts: Options, env: Mapping[str, str], local: fleet.LocalHost) -> Loade
             raise ConfigError(f"candidate torch {v} is older than production {production.torch} "
                               f"({production.path})", hint="a rollback test is the production run; pass a newer candidate")
     return Loaded(table, spec, production, pools, policy, source, host_pip, tuple(versions), deps, None, baseline)
+
+
+def _with_declared(opts: Options, spec: matrix.MatrixSpec) -> Options:
+    """The matrix's `[[stack]]` tables, where the command line names no stack for that role."""
+    for d in spec.stacks:
+        given_here = (opts.candidate_python, opts.candidate_image) if d.role == "candidate" else (
+            opts.production_python, opts.production_image)
+        if any(v is not None for v in given_here):
+            continue
+        changes: dict[str, Any] = ({f"{d.role}_python": Path(d.ref)} if d.kind == given_mod.HOST
+                                   else {f"{d.role}_image": d.ref, "image_python": d.python})
+        where = f"{spec.path} [[stack]]"
+        opts = replace(opts, **changes, sources={**opts.sources, **dict.fromkeys(changes, where)})
+    return opts
 
 
 def _given(opts: Options) -> tuple[given_mod.Probed | None, given_mod.Probed | None]:

@@ -19,7 +19,7 @@ from stackgate import compat as compat_mod
 from stackgate import fleet, tomlfile
 from stackgate import sources as sources_mod
 from stackgate.errors import ConfigError
-from stackgate.given import Probed
+from stackgate.given import Declared, Probed, declared_stacks
 from stackgate.model import (
     Cell,
     NotHere,
@@ -89,6 +89,7 @@ class MatrixSpec:
     source: WheelSource
     doc: tomlfile.Doc = field(repr=False, compare=False)
     fallback: str = ""  # nightly: "last-green" = run the last green nightly when the newest fails a guard
+    stacks: tuple[Declared, ...] = ()  # [[stack]]: a candidate / production stack the team has (given.py)
 
 
 @dataclass(frozen=True)
@@ -133,7 +134,7 @@ _RULE_KEYS = ("pool", "cuda", "torch", "python", "topology")
 
 def load_matrix(path: Path) -> MatrixSpec:
     doc = tomlfile.load(path)
-    tomlfile.check_keys(doc, doc.data, ["matrix", "include", "exclude", "source"])
+    tomlfile.check_keys(doc, doc.data, ["matrix", "include", "exclude", "source", "stack"])
     m = tomlfile.get(doc, doc.data, "matrix", dict)
     tomlfile.check_keys(doc, m, ["name", "channel", "pools", "torch", "cuda", "python", "topology", "required",
                                  "cpu", "fallback"], "matrix")
@@ -191,6 +192,7 @@ def load_matrix(path: Path) -> MatrixSpec:
         source=load_source(doc, tomlfile.get(doc, doc.data, "source", dict, default={})),
         doc=doc,
         fallback=fallback,
+        stacks=declared_stacks(doc, doc.data.get("stack", [])),
     )
 
 

@@ -101,3 +101,28 @@ def test_a_given_interpreter_goes_to_the_host_backend_and_every_other_stack_is_b
     mine = Stack(parse_torch("2.13.0"), CudaVariant.parse("cpu"), "3.11", given="host:/x/bin/python")
     assert routed.prepare(plain, Path("l")) == "docker" and routed.prepare(mine, Path("l")) == "host"
     assert routed.name == "docker+host"
+
+
+def test_a_matrix_can_name_the_candidate_stack_the_team_has(tmp_path: Path) -> None:
+    from stackgate import inputs, options
+    fake = tmp_path / "x" / "bin" / "python"
+    fake.parent.mkdir(parents=True)
+    fake.write_text("#!/bin/sh\necho 'stackgate-given " + json.dumps(
+        {"python": "3.11", "executable": str(fake), "torch": "2.14.1", "cuda": "13.0", "packages": ["torch==2.14.1"]})
+        + "'\n")
+    fake.chmod(0o755)
+    upgrade = (ROOT / "matrix" / "upgrade.toml").read_text()
+    (tmp_path / "m.toml").write_text(upgrade + '\n[[stack]]\nrole = "candidate"\nbackend = "host"\npython = "x/bin/python"\n')
+    opts = options.read({"matrix": str(tmp_path / "m.toml")}, {}, None, cwd=tmp_path)
+    loaded = inputs.load(opts, {}, fleet.LocalHost())
+    assert loaded.given is not None and loaded.given.ref == str(fake) and str(loaded.torch[0]) == "2.14.1"
+    cells = inputs.expand(loaded).cells
+    assert {c.stack.given for c in cells if c.role.value == "candidate"} == {f"host:{fake}"}
+    for bad, message in (('image = "reg/x:1"\nbackend = "host"\n', "needs either image"),
+                         ('backend = "host"\n', "needs either image"),
+                         ('image = "reg/x:1"\nrole = "staging"\n', "one stack per role"),
+                         ('image = "reg/x:1"\nimage_python = "p"\n', "image_python")):
+        (tmp_path / "bad.toml").write_text(upgrade + "\n[[stack]]\n" + bad)
+        with pytest.raises(ConfigError, match=message) as err:
+            matrix.load_matrix(tmp_path / "bad.toml")
+        assert "bad.toml" in str(err.value.render())
