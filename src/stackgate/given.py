@@ -105,7 +105,7 @@ def probe_host(python: Path, run: Callable[[Sequence[str]], tuple[int, str]] | N
     """Probe an interpreter on this machine (a short run of it, with a minimal environment)."""
     if not python.is_file():
         raise ConfigError(f"--candidate-python / --production-python {python}: no such interpreter",
-                          hint="give the path of a python executable, e.g. /opt/conda/bin/python or x/bin/python")
+                          hint="give the path of a python executable, e.g. /usr/local/conda/bin/python or x/bin/python")
     code, output = (run or _run)([str(python), "-c", PROBE])
     if code != 0 and "stackgate-given " not in output:
         raise ConfigError(f"the host stack {python} failed its probe (exit {code})", hint=output.strip()[-600:])
@@ -132,8 +132,8 @@ class Declared:
 
 
 def declared_stacks(doc: Any, rows: Any) -> tuple[Declared, ...]:
-    """`[[stack]] role = "candidate", backend = "host", python = "/opt/conda/bin/python"` or
-    `[[stack]] role = "candidate", image = "registry/repo@sha256:...", python = "/opt/conda/bin/python"`;
+    """`[[stack]] role = "candidate", backend = "host", python = "/usr/local/conda/bin/python"` or
+    `[[stack]] role = "candidate", image = "registry/repo@sha256:...", python = "/usr/local/conda/bin/python"`;
     a host interpreter's relative path is taken against the matrix file's directory."""
     from stackgate import tomlfile
     if not isinstance(rows, list):
