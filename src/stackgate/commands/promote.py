@@ -151,8 +151,8 @@ def rollback(opts: Options, env: Mapping[str, str], target: Target = Target(), s
 
 
 def _moves(images: Sequence[str], registry: artifacts.Registry | None, tag: str) -> list[tuple[str, str, str]]:
-    """(image, name, tag) for every promoted image in the run's registry: `:<tag>` when there is one
-    image, `:<tag>-<n>` otherwise would be ambiguous, so each stack's image gets its own name."""
+    """(image, name, tag) for the promoted image in the run's registry: one `:<tag>` names one image, so a
+    run that promotes several images of one repository is refused (exit 2) rather than guessed at."""
     if registry is None:
         return []
     mine = [i for i in images if i.split("@", 1)[0] == registry.name]
