@@ -26,6 +26,7 @@ from stackgate.backends.base import (
 from stackgate.backends.docker import images
 from stackgate.backends.docker import layout as inside
 from stackgate.backends.docker.engine import BuildError, ContainerExit, ContainerSpec, Engine
+from stackgate.backends.host import lacking
 from stackgate.compat import CompatTable
 from stackgate.errors import ConfigError, InfraError
 from stackgate.installer import is_disk_full
@@ -136,10 +137,9 @@ class DockerBackend:
         tag = handle.sbom.get("tag", handle.ref)
         self.say(f"  pushing {tag} to {self.registry.name}")
         ref = self.engine.push(tag, self.registry.name, None)
-        facts = self.engine.facts(tag)
         packages = "\n".join(handle.sbom.get("packages", [])) + "\n"
         labels = handle.sbom.get("labels", {})
-        return StackArtifact(stack=handle.stack.ident, image=ref, key=handle.key, size=facts.size if facts else 0,
+        return StackArtifact(stack=handle.stack.ident, image=ref, key=handle.key, size=handle.sbom.get("size", 0),
                              sbom_digest="sha256:" + hashlib.sha256(packages.encode()).hexdigest(),
                              torch=labels.get("org.stackgate.torch", str(handle.stack.torch)),
                              cuda=handle.stack.cuda.tag, python=handle.stack.python)
@@ -249,8 +249,8 @@ class DockerBackend:
         held = [p for p in self.engine.read_file(image.ref, str(inside.PIP_FREEZE)).split() if "==" in p]
         self.say(f"  resolving the suite's wheels for {' '.join(extra)}")
         fetched = self._wheels(stack, lines, log_path, constraints=(*held, *self.deps.constraint_lines()))
-        house = images.Wheelhouse(fetched.path, tuple(w for w in fetched.wheels if images.pin_of(w) not in
-                                                      {images.normal_pin(p) for p in held}))
+        missing = set(lacking(tuple(images.pin_of(w) for w in fetched.wheels), tuple(held)))
+        house = images.Wheelhouse(fetched.path, tuple(w for w in fetched.wheels if images.pin_of(w) in missing))
         template = images.LAYER_TEMPLATE.read_text()
         key = images.layer_key(template, image.id, house, extra)
         tag = f"{images.SUITE_REPO}:{stack.label}-{key}"

@@ -17,8 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from packaging.utils import canonicalize_name, parse_wheel_filename
-from packaging.version import InvalidVersion, Version
+from packaging.utils import parse_wheel_filename
 
 from stackgate import proc
 from stackgate.backends.docker import layout
@@ -83,15 +82,6 @@ def pin_of(wheel: Wheel) -> str:
     """A wheel as `name==version` (canonical name)."""
     name, version, _, _ = parse_wheel_filename(wheel.filename)
     return f"{name}=={version}"
-
-
-def normal_pin(line: str) -> str:
-    """A `pip freeze` line `Name==1.0` as `name==1.0` (canonical name, normalised version)."""
-    name, _, version = line.partition("==")
-    try:
-        return f"{canonicalize_name(name)}=={Version(version)}"
-    except InvalidVersion:
-        return line
 
 
 def in_image(requirement: str) -> str:
