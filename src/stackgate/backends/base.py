@@ -31,7 +31,8 @@ class Sbom(TypedDict, total=False):
     digest: str  # image: repo@sha256:... in the registry (pushed or pulled)
     suite_layer: str  # image: the thin layer with the suite's own requirements that the cells ran
     interpreter: str  # a given image: its interpreter (the probe's sys.executable)
-    suite_prefix: str  # a given image: the host prefix with what the suite needs and it lacks
+    suite_prefix: str  # a given image or interpreter: the host prefix with what the suite needs and it lacks
+    in_venv: bool  # a given interpreter: it is a venv's (its nodes get VIRTUAL_ENV)
 
 
 class Described(TypedDict, total=False):

@@ -17,7 +17,6 @@ import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
@@ -111,10 +110,6 @@ def suite_prefix(cache_dir: Path, deps: SuiteDeps, probed: given.Probed, target:
 class HostBackend(VenvBackend):
     name = "host"
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._prefixes: dict[str, tuple[Path | None, given.Probed]] = {}  # by interpreter: its suite prefix
-
     def prepare(self, stack: Stack, log_path: Path) -> EnvHandle:
         start = time.monotonic()
         python = Path(stack.given.removeprefix(f"{given.HOST}:"))
@@ -125,27 +120,24 @@ class HostBackend(VenvBackend):
         if probed.torch != stack.torch or probed.cuda != stack.cuda:
             raise InfraError(f"the host stack {python} changed while the run went on: it holds torch {probed.torch} "
                              f"({probed.cuda.tag}), the run started with {stack.torch} ({stack.cuda.tag})")
-        prefix = self._suite_prefix(stack, python, probed, log_path)
+        prefix = suite_prefix(self.cache_dir, self.deps, probed, ["--python", str(python)],
+                              installer_args(stack.source, self.host_pip), self.env, log_path, self.say)
         key = hashlib.sha256(json.dumps([str(python), list(probed.packages), str(prefix or "")]).encode()).hexdigest()
-        sbom = Sbom(kind="host", key=key[:16], packages=list(probed.packages), python=str(python), created=time.time())
-        handle = EnvHandle(stack, str(python), key[:16], reused=True, prepare_s=time.monotonic() - start, sbom=sbom)
-        self._prefixes[handle.ref] = (prefix, probed)
-        return handle
-
-    def _suite_prefix(self, stack: Stack, python: Path, probed: given.Probed, log_path: Path) -> Path | None:
-        return suite_prefix(self.cache_dir, self.deps, probed, ["--python", str(python)],
-                            installer_args(stack.source, self.host_pip), self.env, log_path, self.say)
+        sbom = Sbom(kind="host", key=key[:16], packages=list(probed.packages), python=str(python), created=time.time(),
+                    in_venv=probed.venv)
+        if prefix is not None:
+            sbom["suite_prefix"] = str(prefix)
+        return EnvHandle(stack, str(python), key[:16], reused=True, prepare_s=time.monotonic() - start, sbom=sbom)
 
     def node_env(self, handle: EnvHandle) -> dict[str, str]:
         """PATH starts with the interpreter's directory; the suite's prefix (if any) is on PYTHONPATH;
         VIRTUAL_ENV only when the interpreter is a venv's."""
-        prefix, probed = self._prefixes.get(handle.ref, (None, None))
         bindir = str(Path(handle.ref).parent)
         env = {"PATH": bindir}
-        if probed is not None and probed.venv:
+        if handle.sbom.get("in_venv"):
             env["VIRTUAL_ENV"] = str(Path(bindir).parent)
-        if prefix is not None:
-            env["PYTHONPATH"] = str(prefix)
+        if handle.sbom.get("suite_prefix"):
+            env["PYTHONPATH"] = handle.sbom["suite_prefix"]
         return env
 
     def describe(self, handle: EnvHandle) -> Described:
