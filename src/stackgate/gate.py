@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from stackgate import stats
+from stackgate.confirm import confirmation, is_failure, reruns
 from stackgate.evidence import Evidence, GateOutcome, MetricComparison, ParityCheck, Preexisting
 from stackgate.model import (
     ROLLBACK,
@@ -24,6 +25,7 @@ from stackgate.model import (
     Role,
     Severity,
     Status,
+    TestOutcome,
     Verdict,
     repeat,
 )
@@ -59,8 +61,9 @@ def decide(cells: Sequence[Cell], not_here: Sequence[NotHere], results: Mapping[
                                       cell=cell.id, kind="missing-result"))
             continue
         baseline = results.get(cell.baseline) if cell.role is Role.CANDIDATE and _ran_pair(cell, results) else None
+        again = (reruns(cell, results), reruns(by_id[cell.baseline], results)) if baseline is not None else None
         found, known = _cell_reasons(cell, result, is_required, policy, baseline=baseline,
-                                     compared=cell.id in compared)
+                                     compared=cell.id in compared, again=again)
         reasons += found
         preexisting += known
 
@@ -126,10 +129,6 @@ def _ran_pair(cand: Cell, results: Mapping[str, CellResult]) -> bool:
     return c is not None and b is not None and c.status.ran_suite and b.status.ran_suite
 
 
-def _is_failure(outcome: str) -> bool:
-    return outcome in ("failed", "error")
-
-
 def _first_line(text: str) -> str:
     lines = [line for line in text.strip().splitlines() if line.strip()]
     return lines[0][:300] if lines else ""
@@ -147,7 +146,7 @@ def _rollback_reasons(cell: Cell, rollback: CellResult | None, production: CellR
     for t in rollback.tests:
         if t.outcome in ("failed", "error"):
             earlier = before.get(t.name)
-            if earlier is not None and _is_failure(earlier.outcome):
+            if earlier is not None and is_failure(earlier.outcome):
                 known.append(Preexisting(cell.id, rollback.cell_id, t.name, f"{t.outcome}: {_first_line(t.message)}",
                                          f"{earlier.outcome}: {_first_line(earlier.message)}"))
                 severity = Severity.INCONCLUSIVE if policy.preexisting_failures == "inconclusive" else Severity.INFO
@@ -167,12 +166,33 @@ def _rollback_reasons(cell: Cell, rollback: CellResult | None, production: CellR
     return out, known
 
 
+def _new_failure(cell: Cell, t: TestOutcome, bad: Severity, is_required: bool, policy: Policy,
+                 again: tuple[Sequence[CellResult], Sequence[CellResult]] | None) -> Reason:
+    """A test that failed in the candidate and not in production, judged by its reruns when the policy
+    confirms failures: NO-GO only when it fails every time in the candidate and not in production."""
+    what = f"{t.outcome}: {_first_line(t.message)}"
+    if again is None or not policy.confirm_failures:
+        return Reason(bad, what, cell=cell.id, test=t.name, kind="failed-test")
+    kind, evidence = confirmation(t.name, *again)
+    if kind == "flaky":
+        severity = {"inconclusive": Severity.INCONCLUSIVE, "go": Severity.INFO, "no-go": bad}[policy.flaky_failures]
+        return Reason(severity if is_required else Severity.INFO, f"{evidence}: {what}", cell=cell.id, test=t.name,
+                      kind="flaky")
+    if kind == "production-fails":
+        return Reason(Severity.INCONCLUSIVE if is_required else Severity.INFO, f"{evidence}: {what}", cell=cell.id,
+                      test=t.name, kind="production-fails")
+    return Reason(bad, f"{what} ({evidence})", cell=cell.id, test=t.name, kind="failed-test")
+
+
 def _cell_reasons(cell: Cell, result: CellResult, is_required: bool, policy: Policy, *,
-                  baseline: CellResult | None = None, compared: bool = False) -> tuple[list[Reason], list[Preexisting]]:
+                  baseline: CellResult | None = None, compared: bool = False,
+                  again: tuple[Sequence[CellResult], Sequence[CellResult]] | None = None
+                  ) -> tuple[list[Reason], list[Preexisting]]:
     """A cell's own reasons, and the failures it shares with its production baseline (`baseline`: the
-    partner's result, given when both ran their suites). A regression is a new failure; a test that
-    fails in both stacks is pre-existing: never blocking, and INCONCLUSIVE or not by the policy (a
-    required test failing in production is a broken baseline: INCONCLUSIVE, as ever)."""
+    partner's result, given when both ran their suites). A regression is a new failure, confirmed by
+    its reruns (`again`: the candidate's and production's); a test that fails in both stacks is
+    pre-existing: never blocking, and INCONCLUSIVE or not by the policy (a required test failing in
+    production is a broken baseline: INCONCLUSIVE, as ever)."""
     out: list[Reason] = []
     known: list[Preexisting] = []
     is_prod = cell.role is Role.PRODUCTION
@@ -199,14 +219,14 @@ def _cell_reasons(cell: Cell, result: CellResult, is_required: bool, policy: Pol
         out.append(Reason(Severity.INFO, f"{len(left)} process(es) outlived the suite and were ended: "
                           + "; ".join(str(x)[:120] for x in left[:3]), cell=cell.id, kind="leftover-process"))
     wanted = list(policy.required_tests) + ([] if is_prod else list(policy.candidate_tests))
-    failed = [t for t in result.tests if _is_failure(t.outcome)]
+    failed = [t for t in result.tests if is_failure(t.outcome)]
     before = {t.name: t for t in baseline.tests} if baseline is not None else {}
     for t in failed:
         earlier = before.get(t.name)
         must_pass = _matches(t.name, wanted)
         if is_prod and compared and not must_pass:
             continue  # judged beside each candidate: pre-existing there, or fixed by the upgrade
-        if earlier is not None and _is_failure(earlier.outcome):
+        if earlier is not None and is_failure(earlier.outcome):
             known.append(Preexisting(cell.id, cell.baseline, t.name, f"{t.outcome}: {_first_line(t.message)}",
                                      f"{earlier.outcome}: {_first_line(earlier.message)}"))
             severity = (Severity.INCONCLUSIVE if must_pass or policy.preexisting_failures == "inconclusive"
@@ -216,17 +236,20 @@ def _cell_reasons(cell: Cell, result: CellResult, is_required: bool, policy: Pol
                               f"candidate {t.outcome}: {_first_line(t.message)}; production {earlier.outcome}: "
                               f"{_first_line(earlier.message)}", cell=cell.id, test=t.name, kind="preexisting-failure"))
             continue
+        if not is_prod and earlier is not None:
+            out.append(_new_failure(cell, t, bad, is_required, policy, again))
+            continue
         out.append(Reason(bad, f"{prefix}{t.outcome}: {_first_line(t.message)}", cell=cell.id, test=t.name,
                           kind="failed-test"))
     if baseline is not None:
         mine = {t.name: t.outcome for t in result.tests}
         for t in baseline.tests:
-            if not _is_failure(t.outcome) or _matches(t.name, list(policy.required_tests)):
+            if not is_failure(t.outcome) or _matches(t.name, list(policy.required_tests)):
                 continue  # (a required test failing in production is the baseline's own reason)
             if mine.get(t.name) == "passed":
                 out.append(Reason(Severity.INFO, f"fixed by the upgrade: {t.outcome} in production, passes in the "
                                   f"candidate: {_first_line(t.message)}", cell=cell.id, test=t.name, kind="fixed"))
-            elif not _is_failure(mine.get(t.name, "")):
+            elif not is_failure(mine.get(t.name, "")):
                 out.append(Reason(Severity.INFO, f"{t.outcome} in production, "
                                   f"{'skipped' if t.name in mine else 'not run'} in the candidate: "
                                   f"{_first_line(t.message)}", cell=cell.id, test=t.name, kind="production-failure"))

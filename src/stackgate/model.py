@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import enum
+import functools
 import hashlib
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -207,39 +209,36 @@ class PhaseKind(str, enum.Enum):
     ROLLBACK = "rollback"  # production reading what one candidate wrote (`-m crossversion`)
     REPEAT = "repeat"  # round r of the interleaved repeats (and confirmation) of the performance-gated tests
     AA = "aa"  # round r of a calibration's A/A runs of the production stack
+    RERUN = "rerun"  # round r of the confirmation of a test that failed in the candidate (both stacks)
 
 
 @dataclass(frozen=True)
 class Phase:
     """Which run of a cell a result is. Stored and shown as text ("main", "rollback", "repeat3",
-    "aa2": results.jsonl, STACKGATE_PHASE); only this class writes or reads that text."""
+    "aa2", "rerun1": results.jsonl, STACKGATE_PHASE); only this class writes or reads that text."""
 
     kind: PhaseKind = PhaseKind.MAIN
     round: int = 0  # repeats and A/A runs: 0, 1, ...
 
     def __str__(self) -> str:
-        return self.kind.value + (str(self.round) if self.kind in (PhaseKind.REPEAT, PhaseKind.AA) else "")
+        return self.kind.value + (str(self.round) if self.kind in ROUNDS else "")
 
     @classmethod
     def parse(cls, text: str) -> Phase:
-        found = re.fullmatch(r"(main|rollback)|(repeat|aa)(\d+)", text)
+        found = re.fullmatch(r"(main|rollback)|(repeat|aa|rerun)(\d+)", text)
         if found is None:
-            raise ValueError(f"not a phase: {text!r} (main, rollback, repeat<N> or aa<N>)")
+            raise ValueError(f"not a phase: {text!r} (main, rollback, repeat<N>, aa<N> or rerun<N>)")
         if found.group(1):
             return cls(PhaseKind(found.group(1)))
         return cls(PhaseKind(found.group(2)), int(found.group(3)))
 
 
+ROUNDS = (PhaseKind.REPEAT, PhaseKind.AA, PhaseKind.RERUN)  # the kinds that have rounds
 MAIN = Phase()
 ROLLBACK = Phase(PhaseKind.ROLLBACK)
-
-
-def repeat(r: int) -> Phase:
-    return Phase(PhaseKind.REPEAT, r)
-
-
-def aa(r: int) -> Phase:
-    return Phase(PhaseKind.AA, r)
+repeat: Callable[[int], Phase] = functools.partial(Phase, PhaseKind.REPEAT)
+aa: Callable[[int], Phase] = functools.partial(Phase, PhaseKind.AA)
+rerun: Callable[[int], Phase] = functools.partial(Phase, PhaseKind.RERUN)
 
 
 @dataclass(frozen=True)

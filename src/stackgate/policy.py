@@ -20,6 +20,8 @@ METHODS = ("bootstrap", "threshold")
 SUMMARIES = ("median", "best")
 PreexistingRule = Literal["go", "inconclusive"]
 PREEXISTING: tuple[PreexistingRule, ...] = ("go", "inconclusive")
+FlakyRule = Literal["inconclusive", "go", "no-go"]
+FLAKY: tuple[FlakyRule, ...] = ("inconclusive", "go", "no-go")
 
 
 @dataclass(frozen=True)
@@ -74,6 +76,12 @@ class Policy:
     # a test that fails in the candidate and in production is not caused by the upgrade: listed, and it
     # leaves the verdict GO ("go", a user suite's default) or makes it INCONCLUSIVE ("inconclusive")
     preexisting_failures: PreexistingRule = "go"
+    # a test that passed in production and failed in the candidate runs again this many times in both
+    # stacks, interleaved, before it counts: failing every time in the candidate only is a regression
+    confirm_failures: int = 2
+    # a failure that a rerun does not repeat is flaky: INCONCLUSIVE (default), or it counts as "go"
+    # (listed, not held against the candidate) or "no-go" (a flaky test is a regression too)
+    flaky_failures: FlakyRule = "inconclusive"
     required_cells: tuple[str, ...] = ()
     required_cells_line: int | None = None  # where `[required] cells` is written, for errors
     required_tests: tuple[str, ...] = ()
@@ -104,12 +112,18 @@ def load_policy(path: Path) -> Policy:
     d = doc.data
     tomlfile.check_keys(doc, d, ["gate", "required", "performance", "numerics", "waiver"])
     gate = tomlfile.get(doc, d, "gate", dict, default={})
-    tomlfile.check_keys(doc, gate, ["inconclusive_exit_code", "preexisting_failures"], "gate")
+    tomlfile.check_keys(doc, gate, ["inconclusive_exit_code", "preexisting_failures", "confirm_failures",
+                                     "flaky_failures"], "gate")
     preexisting = tomlfile.get(doc, gate, "preexisting_failures", str, "gate", default="go")
     if preexisting not in PREEXISTING:
         raise doc.error(f"preexisting_failures = {preexisting!r}", "gate", "preexisting_failures",
                         hint='use "go" (a test failing in production too is listed, not held against the '
                              'candidate) or "inconclusive"')
+    flaky = tomlfile.get(doc, gate, "flaky_failures", str, "gate", default="inconclusive")
+    if flaky not in FLAKY:
+        raise doc.error(f"flaky_failures = {flaky!r}", "gate", "flaky_failures",
+                        hint='use "inconclusive" (a failure a rerun does not repeat leaves the verdict '
+                             'INCONCLUSIVE), "go" (listed, not held against the candidate) or "no-go"')
     req = tomlfile.get(doc, d, "required", dict, default={})
     tomlfile.check_keys(doc, req, ["cells", "tests", "candidate_tests", "all_tests", "metrics"], "required")
     perf = tomlfile.get(doc, d, "performance", dict, default={})
@@ -172,6 +186,8 @@ def load_policy(path: Path) -> Policy:
         path=path,
         inconclusive_exit_code=exit_code,
         preexisting_failures="inconclusive" if preexisting == "inconclusive" else "go",
+        confirm_failures=int(_in_range(doc, gate, "confirm_failures", 0, 10, "gate", default=2, kind=int)),
+        flaky_failures=next(f for f in FLAKY if f == flaky),
         required_cells=tomlfile.str_list(doc, req, "cells", "required", default=[]),
         required_cells_line=doc.line_of("required", "cells") if "cells" in req else None,
         required_tests=tomlfile.str_list(doc, req, "tests", "required", default=[]),

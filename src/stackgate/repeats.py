@@ -1,13 +1,15 @@
-"""Pure planning of the attempts after the main runs: each candidate's rollback, the interleaved
-repeats of the performance-gated tests, and their confirmation. Nothing here runs anything: each
-function returns attempts (or the tests they select) from the results recorded so far."""
+"""Pure planning of the attempts after the main runs: the reruns that confirm a candidate's new
+failures, the interleaved repeats of the performance-gated tests and their confirmation, and each
+candidate's rollback. Nothing here runs anything: each function returns attempts (or the tests they
+select) from the results recorded so far."""
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 
 from stackgate import gate
-from stackgate.model import ROLLBACK, Cell, CellResult, Role, repeat
+from stackgate.confirm import is_failure
+from stackgate.model import ROLLBACK, Cell, CellResult, Phase, Role, repeat
 from stackgate.policy import Policy
 from stackgate.runner import Attempt
 
@@ -81,6 +83,19 @@ def repeat_selection(pairs: Sequence[Cell], finished: Mapping[str, CellResult], 
     return with_baselines({p: gated_tests(p, [finished[p.id], finished[p.baseline]], policy) for p in pairs})
 
 
+def new_failures(pairs: Sequence[Cell], finished: Mapping[str, CellResult]) -> Selection:
+    """What the reruns run: each candidate's tests that failed in its main run and that production ran
+    without failing (passed, or skipped), for both stacks of the pair. A test that fails in production
+    too is pre-existing, and one production did not collect is new: neither is rerun."""
+    per_candidate = {}
+    for cand in pairs:
+        before = {t.name: t.outcome for t in finished[cand.baseline].tests}
+        per_candidate[cand] = tuple(sorted(
+            t.name for t in finished[cand.id].tests
+            if is_failure(t.outcome) and t.name in before and not is_failure(before[t.name])))
+    return with_baselines(per_candidate)
+
+
 def unsettled(pairs: Sequence[Cell], by_id: Mapping[str, Cell], finished: Mapping[str, CellResult],
               policy: Policy) -> tuple[Selection, dict[str, dict[str, str]]]:
     """What confirmation runs, and why: the tests of the gated metrics that the runs so far cannot
@@ -105,7 +120,8 @@ def listed(select: Mapping[str, tuple[str, ...]]) -> str:
 
 
 def repeat_attempts(cells: Sequence[Cell], by_id: Mapping[str, Cell], select: Mapping[str, tuple[str, ...]],
-                    rounds: range) -> list[Attempt]:
-    """`rounds` of the selected tests, counterbalanced (see `repeat_order`)."""
-    return [Attempt(cell, repeat(r), select=() if select[cell.id] == (WHOLE_SUITE,) else select[cell.id])
+                    rounds: range, phase: Callable[[int], Phase] = repeat) -> list[Attempt]:
+    """`rounds` of the selected tests in `phase` (the repeats, or the reruns of new failures),
+    counterbalanced (see `repeat_order`)."""
+    return [Attempt(cell, phase(r), select=() if select[cell.id] == (WHOLE_SUITE,) else select[cell.id])
             for r, cell in repeat_order([c for c in cells if c.id in select], by_id, rounds)]

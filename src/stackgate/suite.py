@@ -14,15 +14,15 @@ import hashlib
 import json
 import re
 import shutil
-import xml.etree.ElementTree as ET
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from stackgate.installer import is_disk_full  # the installers' rule serves the nodes' output too
+from stackgate.junit import parse_junit
 from stackgate.masking import Masker
-from stackgate.model import MAIN, ROLLBACK, Cell, CellResult, Metric, Outcome, Phase, Status, TestOutcome
+from stackgate.model import MAIN, ROLLBACK, Cell, CellResult, Metric, Phase, Status, TestOutcome
 from stackgate.shipped import BUNDLED_SUITE
 
 RDZV_PORT = 29400  # the c10d rendezvous port of node0 where a cell has a host of its own (containers, Slurm)
@@ -116,8 +116,17 @@ def invocations(spec: SuiteSpec, phase: Phase, *, path: Path | None = None,
     own = isolation(spec.path, path)
     only = ("-m", "crossversion") if phase == ROLLBACK else ()
     if select:
-        targets = tuple(f"{path}/{nodeid}" for nodeid in select)
-        return [Invocation("suite", (*targets, "--rootdir", str(path), *own, *common, *only, *spec.pytest_args), path)]
+        # a platform check's node id names a file of the bundled suite (its JUnit is relative to it): it
+        # runs from there, as in the main run
+        platform = spec.platform_checks and path != bundled
+        checks = tuple(n for n in select if platform and n.split("::", 1)[0] in PLATFORM_CHECKS)
+        own_ids = tuple(n for n in select if n not in checks)
+        out = [Invocation("platform", (*(f"{bundled}/{n}" for n in checks), "--rootdir", str(bundled), *common),
+                          bundled)] if checks else []
+        if own_ids:
+            out.append(Invocation("suite", (*(f"{path}/{n}" for n in own_ids), "--rootdir", str(path), *own, *common,
+                                            *only, *spec.pytest_args), path))
+        return out
     out = []
     if spec.platform_checks and path != bundled and phase == MAIN:
         checks = tuple(str(bundled / name) for name in PLATFORM_CHECKS)
@@ -245,47 +254,6 @@ def suite_digest(suite: Path) -> str:
             h.update(str(p.relative_to(suite)).encode())
             h.update(p.read_bytes())
     return h.hexdigest()
-
-
-def parse_junit(paths: list[Path]) -> tuple[TestOutcome, ...]:
-    """Merge per-node JUnit files: a test passes only if it passed on every node."""
-    merged: dict[str, TestOutcome] = {}
-    rank = {"passed": 0, "skipped": 1, "failed": 2, "error": 3}
-    for path in paths:
-        if not path.exists():
-            continue
-        try:
-            root = ET.parse(path).getroot()
-        except ET.ParseError:
-            continue
-        for case in root.iter("testcase"):
-            name = _case_name(case)
-            outcome, message = "passed", ""
-            for tag in ("error", "failure", "skipped"):
-                node = case.find(tag)
-                if node is not None:
-                    outcome = {"failure": "failed", "error": "error", "skipped": "skipped"}[tag]
-                    message = (node.get("message") or "") + ("\n" + node.text if node.text and tag != "skipped" else "")
-                    break
-            current = TestOutcome(name, Outcome(outcome), float(case.get("time") or 0.0), _clip(message.strip()))
-            previous = merged.get(name)
-            if previous is None or rank[outcome] > rank[previous.outcome]:
-                merged[name] = current
-    return tuple(merged.values())
-
-
-def _clip(message: str, keep: int = 4000) -> str:
-    """A test's message: its head (the exception's first line, which the reasons quote) and its tail."""
-    if len(message) <= keep:
-        return message
-    return f"{message[:keep // 2]}\n[... {len(message) - keep} characters left out ...]\n{message[-keep // 2:]}"
-
-
-def _case_name(case: ET.Element) -> str:
-    classname = case.get("classname") or ""
-    file = case.get("file")
-    module = file or classname.replace(".", "/") + ".py"
-    return f"{module}::{case.get('name')}"
 
 
 # Limits on what a suite may hand back (README "Contract"): a record beyond them, or one that is not

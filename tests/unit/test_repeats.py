@@ -251,3 +251,58 @@ def test_a_suite_that_does_not_say_which_test_measured_is_confirmed_whole(
     assert code == 1 and _gated(report)["method"] == "paired" and _gated(report)["outcome"] == "regression"
     repeats = [c for c in no_subprocesses.executed if c.env["STACKGATE_PHASE"].startswith("repeat")]
     assert len(repeats) == 8 and not any("::" in a for c in repeats for a in c.argv)  # no test selected: all of it
+
+
+MATMUL = "test_model.py::test_matmul_matches_numpy"
+
+
+def _failing(candidate: list[str], production: list[str] | None = None) -> Script:
+    """The plain suite's matmul test: in the candidate, `candidate[r]` in run r (0 = main, r = rerun r),
+    in production `production[r]` (passed by default); the other test passes."""
+    def script(command: NodeCommand, exe: Execution) -> NodeExit:
+        phase, role = Phase.parse(command.env["STACKGATE_PHASE"]), command.env["STACKGATE_ROLE"]
+        if phase.kind.value == "rollback":
+            return answer(command, {MATMUL: "passed"})
+        outcomes = candidate if role == "candidate" else production or ["passed"] * len(candidate)
+        selected = [t for t in (GATED, MATMUL) if any(a.endswith(t) for a in command.argv)]
+        tests = selected or [GATED, MATMUL]
+        return answer(command, {t: outcomes[phase.round] if t == MATMUL else "passed" for t in tests})
+    return script
+
+
+def test_a_new_failure_is_rerun_in_both_stacks_and_a_failure_that_repeats_is_no_go(
+        no_subprocesses: MemoryBackend, run_memory: RunMemory) -> None:
+    no_subprocesses.script = _failing(["failed", "failed", "failed"])
+    code, report, said = run_memory()
+    assert _phases(no_subprocesses) == [("p", "main"), ("c", "main"), ("c", "rerun1"), ("p", "rerun1"),
+                                        ("p", "rerun2"), ("c", "rerun2"), ("p", "rollback")]
+    reruns = [c for c in no_subprocesses.executed if c.env["STACKGATE_PHASE"].startswith("rerun")]
+    assert all(any(a.endswith(MATMUL) for a in c.argv) and not any(a.endswith(GATED) for a in c.argv) for c in reruns)
+    assert any(line.startswith("confirm failures: 2 more interleaved run(s), in both stacks") for line in said)
+    assert code == 1 and report["decision"] == "NO-GO"
+    (blocking,) = [r for r in report["reasons"] if r["severity"] == "blocking"]
+    assert blocking["test"] == MATMUL and "confirmed: failed in all 3 candidate runs" in blocking["message"]
+
+
+def test_a_failure_a_rerun_does_not_repeat_is_flaky_and_inconclusive(
+        no_subprocesses: MemoryBackend, run_memory: RunMemory) -> None:
+    no_subprocesses.script = _failing(["failed", "passed", "passed"])
+    code, report, _ = run_memory()
+    assert code == 1 and report["decision"] == "INCONCLUSIVE"
+    assert [r["kind"] for r in report["reasons"] if r["severity"] == "inconclusive"] == ["flaky"]
+
+
+def test_a_failure_production_repeats_on_a_rerun_is_not_caused_by_the_upgrade(
+        no_subprocesses: MemoryBackend, run_memory: RunMemory) -> None:
+    no_subprocesses.script = _failing(["failed", "failed", "failed"], ["passed", "passed", "failed"])
+    code, report, _ = run_memory()
+    assert code == 1 and report["decision"] == "INCONCLUSIVE"
+    (reason,) = [r for r in report["reasons"] if r["severity"] == "inconclusive"]
+    assert reason["kind"] == "production-fails" and "not caused by the upgrade" in reason["message"]
+
+
+def test_a_run_without_failures_reruns_nothing(no_subprocesses: MemoryBackend, run_memory: RunMemory) -> None:
+    no_subprocesses.script = _failing(["passed"])
+    code, report, said = run_memory()
+    assert code == 0 and report["decision"] == "GO" and not any(p.startswith("rerun") for _, p in _phases(no_subprocesses))
+    assert not any(line.startswith("confirm failures") for line in said)

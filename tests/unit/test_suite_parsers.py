@@ -8,7 +8,7 @@ import nccl_log
 import pytest
 
 from stackgate import fleet, results, suite
-from stackgate.model import MAIN, ROLLBACK, CellResult, Role, Status
+from stackgate.model import MAIN, ROLLBACK, CellResult, Phase, Role, Status
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 
@@ -176,3 +176,24 @@ def test_a_long_test_message_keeps_its_first_line(tmp_path: Path) -> None:
     [outcome] = suite.parse_junit([tmp_path / "junit.xml"])
     assert outcome.message.startswith("m\nAssertionError: not run under pytest-xdist")
     assert outcome.message.endswith("x" * 100) and len(outcome.message) < 4100
+
+
+def test_a_test_in_a_class_keeps_its_class_in_its_node_id(tmp_path: Path) -> None:
+    """xunit1's classname is the dotted module, then the class: the name is pytest's node id, so a
+    rerun selects exactly that test."""
+    junit = tmp_path / "junit.xml"
+    junit.write_text(
+        '<testsuites><testsuite><testcase classname="sub.test_a.TestBox" file="sub/test_a.py" name="test_x"/>'
+        '<testcase classname="test_a" file="test_a.py" name="test_y"/>'
+        '<testcase classname="t" file="test_t.py" name="test_z"/></testsuite></testsuites>')
+    assert [t.name for t in suite.parse_junit([junit])] == [
+        "sub/test_a.py::TestBox::test_x", "test_a.py::test_y", "test_t.py::test_z"]
+
+
+def test_a_rerun_of_a_platform_check_runs_it_from_the_bundled_suite(tmp_path: Path) -> None:
+    spec = suite.SuiteSpec(tmp_path, platform_checks=True)
+    found = suite.invocations(spec, Phase.parse("rerun1"), select=("test_identity.py::test_torch_version",
+                                                                   "test_mine.py::test_a"))
+    assert [(i.label, i.args[0]) for i in found] == [
+        ("platform", f"{suite.BUNDLED_SUITE}/test_identity.py::test_torch_version"),
+        ("suite", f"{tmp_path}/test_mine.py::test_a")]

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 import pytest
 
 from stackgate import fleet, gate, selftest, shipped
-from stackgate.model import ROLLBACK, Cell, CellResult, Decision, NotHere, Severity, Status, TestOutcome
+from stackgate.model import ROLLBACK, Cell, CellResult, Decision, NotHere, Severity, Status, TestOutcome, rerun
 from stackgate.policy import Policy, Waiver, load_policy
 
 POLICY = load_policy(shipped.MATRIX_DIR / "policy.toml")
@@ -206,6 +206,61 @@ def r_new_failure_user_suite(s: Situation) -> None:
     s.edit(s.cand, _fail(COMPILE, "AssertionError: differs from eager"))
 
 
+def _reruns(s: Situation, cell: Cell, name: str, *outcomes: str) -> None:
+    """The reruns of one test in one cell (what `confirm_failures` runs), with these outcomes."""
+    for r, outcome in enumerate(outcomes, 1):
+        rid = cell.result_id(rerun(r))
+        failed = outcome in ("failed", "error")
+        s.results[rid] = CellResult(rid, cell.role, Status.FAILED if failed else Status.PASSED, phase=rerun(r),
+                                    tests=(TestOutcome(name, outcome, message="AssertionError: again" if failed
+                                                       else ""),))
+
+
+def r_new_failure_confirmed_by_reruns(s: Situation) -> None:
+    """#22 item 4: fails in the main run and in both reruns of the candidate, passes in production's: NO-GO."""
+    r_new_failure_user_suite(s)
+    _reruns(s, s.cand, COMPILE, "failed", "failed")
+    _reruns(s, s.prod, COMPILE, "passed", "passed")
+
+
+def r_flaky_failure(s: Situation) -> None:
+    """#22: a failure a rerun does not repeat (the SIGABRT once in five runs) is flaky, INCONCLUSIVE."""
+    r_new_failure_user_suite(s)
+    _reruns(s, s.cand, COMPILE, "passed", "failed")
+    _reruns(s, s.prod, COMPILE, "passed", "passed")
+
+
+def r_flaky_failure_policy_go(s: Situation) -> None:
+    r_flaky_failure(s)
+    s.policy = replace(s.policy, flaky_failures="go")
+
+
+def r_flaky_failure_policy_no_go(s: Situation) -> None:
+    r_flaky_failure(s)
+    s.policy = replace(s.policy, flaky_failures="no-go")
+
+
+def r_new_failure_fails_in_a_production_rerun(s: Situation) -> None:
+    """Fails in the candidate every time, and in a rerun of production too: not caused by the upgrade."""
+    r_new_failure_user_suite(s)
+    _reruns(s, s.cand, COMPILE, "failed", "failed")
+    _reruns(s, s.prod, COMPILE, "failed", "passed")
+
+
+def r_new_failure_reruns_recorded_nothing(s: Situation) -> None:
+    """The reruns could not run it (the runner died): the main run's failure stands, said unconfirmed."""
+    r_new_failure_user_suite(s)
+    for cell in (s.cand, s.prod):
+        rid = cell.result_id(rerun(1))
+        s.results[rid] = CellResult(rid, cell.role, Status.INFRA_ERROR, reason="engine gone", phase=rerun(1))
+
+
+def r_new_failure_confirmation_off(s: Situation) -> None:
+    r_new_failure_user_suite(s)
+    s.policy = replace(s.policy, confirm_failures=0)
+    _reruns(s, s.cand, COMPILE, "passed")  # recorded, but the policy does not confirm: not read
+
+
 def r_fixed_by_the_upgrade_user_suite(s: Situation) -> None:
     """Failed in production, passes in the candidate: the upgrade fixed it (GO, noted)."""
     s.policy = USER_SUITE
@@ -334,6 +389,13 @@ ROWS: list[tuple[Callable[[Situation], None], Decision, str]] = [
     (r_preexisting_failure_bundled_suite, Decision.INCONCLUSIVE, "preexisting-failure"),
     (r_required_test_fails_in_both, Decision.INCONCLUSIVE, "failed-test"),
     (r_new_failure_user_suite, Decision.NO_GO, "failed-test"),
+    (r_new_failure_confirmed_by_reruns, Decision.NO_GO, "failed-test"),
+    (r_flaky_failure, Decision.INCONCLUSIVE, "flaky"),
+    (r_flaky_failure_policy_go, Decision.GO, ""),
+    (r_flaky_failure_policy_no_go, Decision.NO_GO, "flaky"),
+    (r_new_failure_fails_in_a_production_rerun, Decision.INCONCLUSIVE, "production-fails"),
+    (r_new_failure_reruns_recorded_nothing, Decision.NO_GO, "failed-test"),
+    (r_new_failure_confirmation_off, Decision.NO_GO, "failed-test"),
     (r_fixed_by_the_upgrade_user_suite, Decision.GO, ""),
     (r_rollback_fails_in_productions_own_run_too, Decision.GO, ""),
     (r_fails_in_production_not_run_in_the_candidate, Decision.GO, ""),
@@ -371,7 +433,23 @@ def test_reasons_name_outcomes_as_words() -> None:
     rec = selftest.recorded("cuda")
     failing = selftest._fail_test(rec.candidate_result, "test_identity.py::test_torch_version", "AssertionError: x")
     out = gate.decide((rec.production, rec.candidate), (), rec.with_candidate(failing), POLICY, TODAY)
-    assert [r.message for r in out.verdict.blocking] == ["failed: AssertionError: x"]
+    assert [r.message for r in out.verdict.blocking] == [
+        "failed: AssertionError: x (not confirmed: its reruns recorded no result for it)"]
+
+
+def test_a_flaky_failure_says_what_the_reruns_saw() -> None:
+    rec = selftest.recorded("cuda")
+    s = Situation([rec.production, rec.candidate], dict(rec.results))
+    r_flaky_failure(s)
+    out = gate.decide(tuple(s.cells), (), s.results, s.policy, TODAY)
+    [flaky] = [r for r in out.verdict.reasons if r.kind == "flaky"]
+    assert flaky.message.startswith("flaky: failed in the candidate's main run, passed in 1 of 2 rerun(s), failed "
+                                    "in 1: failed: AssertionError: differs from eager"), flaky.message
+    r_new_failure_confirmed_by_reruns(s := Situation([rec.production, rec.candidate], dict(rec.results)))
+    out = gate.decide(tuple(s.cells), (), s.results, s.policy, TODAY)
+    assert [r.message for r in out.verdict.blocking] == [
+        "failed: AssertionError: differs from eager (confirmed: failed in all 3 candidate runs; production passed "
+        "in 3 run(s))"]
 
 
 def test_a_preexisting_failure_is_listed_with_both_messages() -> None:

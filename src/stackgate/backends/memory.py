@@ -33,10 +33,12 @@ def answer(command: NodeCommand, outcomes: Mapping[str, str], *, returncode: int
     of `command` would, and return its exit (1 when a test failed, unless given)."""
     cases = []
     for nodeid, outcome in outcomes.items():
-        file, _, name = nodeid.partition("::")
+        file, _, rest = nodeid.partition("::")
+        *classes, name = rest.split("::")
+        classname = ".".join((file.removesuffix(".py").replace("/", "."), *classes))  # as pytest's xunit1 writes it
         inner = {"passed": "", "failed": "<failure message=\"failed\"/>", "skipped": "<skipped message=\"skip\"/>",
                  "error": "<error message=\"error\"/>"}[outcome]
-        cases.append(f"<testcase classname={quoteattr(file)} file={quoteattr(file)} name={quoteattr(name)} "
+        cases.append(f"<testcase classname={quoteattr(classname)} file={quoteattr(file)} name={quoteattr(name)} "
                      f"time=\"0.1\">{inner}</testcase>")
     junit_path(command).write_text(f"<testsuite>{''.join(cases)}</testsuite>")
     results = Path(command.env["STACKGATE_RESULTS"])

@@ -14,7 +14,7 @@ from stackgate.conclude import decide_and_report, signals_held
 from stackgate.console import Console, Printer
 from stackgate.errors import ConfigError, InfraError
 from stackgate.inputs import Loaded
-from stackgate.model import Cell
+from stackgate.model import Cell, rerun
 from stackgate.options import Options
 from stackgate.plan import plan_envs, run_order
 from stackgate.policy import Policy
@@ -119,15 +119,24 @@ def _open(opts: Options, loaded: Loaded, run_id: str, run_dir: Path, chosen: mat
 
 
 def attempt_all(runner: Runner, cells: Sequence[Cell], policy: Policy, *, rollback: bool) -> None:
-    """Every attempt of a run, in order: the main runs, the interleaved repeats of the performance-gated
-    tests and their confirmation (decided once, on all runs: a first look can only settle a metric as
-    within tolerance, so confirmation never makes a false NO-GO likelier), then each candidate's rollback."""
+    """Every attempt of a run, in order: the main runs; the reruns of each candidate's new failures,
+    in both stacks (a failure counts only when it repeats); the interleaved repeats of the
+    performance-gated tests and their confirmation (decided once, on all runs: a first look can only
+    settle a metric as within tolerance, so confirmation never makes a false NO-GO likelier); then each
+    candidate's rollback."""
     say = runner.console.say
     ordered = run_order(cells)
     by_id = runner.by_id
     runner.run((Attempt(c) for c in ordered), say_skipped=True)
     finished = results.read(runner.ctx.run_dir)
     pairs = repeats.pairs_that_ran(ordered, finished)
+    if pairs and policy.confirm_failures:
+        select = repeats.new_failures(pairs, finished)
+        if select:
+            say(f"confirm failures: {policy.confirm_failures} more interleaved run(s), in both stacks, of the tests "
+                f"that failed in a candidate and not in production ({repeats.listed(select)})")
+            runner.run(repeats.repeat_attempts(ordered, by_id, select, range(1, policy.confirm_failures + 1), rerun))
+            finished = results.read(runner.ctx.run_dir)
     if pairs and policy.repeats > 1:
         select = repeats.repeat_selection(pairs, finished, policy)
         if select:
