@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import datetime as dt
 import fnmatch
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
-from stackgate import stats
+from stackgate.comparison import compare_pair, repeat_pairs
 from stackgate.confirm import confirmation, is_failure, reruns
 from stackgate.evidence import Evidence, GateOutcome, MetricComparison, ParityCheck, Preexisting
 from stackgate.model import (
@@ -19,7 +18,6 @@ from stackgate.model import (
     Cell,
     CellResult,
     Decision,
-    Metric,
     NotHere,
     Reason,
     Role,
@@ -27,7 +25,6 @@ from stackgate.model import (
     Status,
     TestOutcome,
     Verdict,
-    repeat,
 )
 from stackgate.policy import Policy
 
@@ -96,8 +93,8 @@ def decide(cells: Sequence[Cell], not_here: Sequence[NotHere], results: Mapping[
             continue
         if not (bres.status.ran_suite and cres.status.ran_suite):
             continue  # a cell that did not run its suite has its own reason above
-        c_cmp, c_par, c_reasons = _compare(cand, base, cres, bres, policy, missing,
-                                           repeats=repeat_pairs(cand, base, results))
+        c_cmp, c_par, c_reasons = compare_pair(cand, base, cres, bres, policy, missing,
+                                               repeats=repeat_pairs(cand, base, results))
         comparisons += c_cmp
         parity += c_par
         reasons += c_reasons
@@ -289,127 +286,6 @@ def _same_tests(cand: Cell, cres: CellResult, bres: CellResult) -> list[Reason]:
             out.append(Reason(Severity.INCONCLUSIVE, f"passed in production but was skipped in the candidate: "
                               f"{_first_line(mine.message)}", cell=cand.id, test=t.name, kind="required-test-skipped"))
     return out
-
-
-def _metric_index(result: CellResult) -> dict[str, Metric]:
-    return {m.key: m for m in result.metrics}
-
-
-def repeat_pairs(cand: Cell, base: Cell, results: Mapping[str, CellResult]) -> list[tuple[CellResult, CellResult]]:
-    """The interleaved repeats of the performance-gated tests: (production, candidate) run r."""
-    pairs = []
-    for r in range(1, 10_000):
-        b, c = results.get(base.result_id(repeat(r))), results.get(cand.result_id(repeat(r)))
-        if b is None or c is None:
-            break
-        if b.status.ran_suite and c.status.ran_suite:
-            pairs.append((b, c))
-    return pairs
-
-
-def unsettled(cand: Cell, base: Cell, results: Mapping[str, CellResult], policy: Policy) -> dict[str, str]:
-    """The gated, sampled metrics of a candidate that the runs so far cannot settle, each with why:
-    an interval that straddles the tolerance, or a regression seen over fewer than the policy's
-    `confirm_repeats` runs (the steps of one run are blind to run-to-run noise, so one run never
-    makes a performance NO-GO when confirmation is on). Metric key -> why."""
-    cres, bres = results.get(cand.id), results.get(base.id)
-    if cres is None or bres is None or not (cres.status.ran_suite and bres.status.ran_suite):
-        return {}
-    pairs = repeat_pairs(cand, base, results)
-    runs = 1 + len(pairs)
-    comparisons, _, _ = _compare(cand, base, cres, bres, policy, Severity.INFO, repeats=pairs)
-    out = {}
-    for c in comparisons:
-        if not c.gated or c.comparison.method == "threshold":
-            continue
-        if c.comparison.outcome is stats.Outcome.INCONCLUSIVE:
-            out[c.metric] = f"{c.comparison.describe(c.unit)}: cannot tell over {runs} run(s)"
-        elif c.comparison.outcome is stats.Outcome.REGRESSION and runs < policy.confirm_repeats:
-            out[c.metric] = f"{c.comparison.describe(c.unit)}: a regression over {runs} run(s), to confirm"
-    return out
-
-
-def _runs(key: str, main: tuple[CellResult, CellResult],
-          repeats: Sequence[tuple[CellResult, CellResult]]) -> tuple[list[tuple[float, ...]], list[tuple[float, ...]]]:
-    """A metric's samples per run, production and candidate, in pairs (main run, then each repeat)."""
-    base_runs, cand_runs = [], []
-    for b, c in (main, *repeats):
-        bm, cm = _metric_index(b).get(key), _metric_index(c).get(key)
-        if bm is not None and cm is not None and bm.samples and cm.samples:
-            base_runs.append(bm.samples)
-            cand_runs.append(cm.samples)
-    return base_runs, cand_runs
-
-
-def _compare(cand: Cell, base: Cell, cres: CellResult, bres: CellResult, policy: Policy,
-             missing: Severity, repeats: Sequence[tuple[CellResult, CellResult]] = ()
-             ) -> tuple[list[MetricComparison], list[ParityCheck], list[Reason]]:
-    comparisons, parity, reasons = [], [], []
-    bmetrics, cmetrics = _metric_index(bres), _metric_index(cres)
-    for key in sorted(set(bmetrics) | set(cmetrics)):
-        metric, other = cmetrics.get(key), bmetrics.get(key)
-        known = metric or other
-        assert known is not None
-        numerics = policy.numerics_rule(known.name) if known.better == "equal" else None
-        rule_p = policy.metric_rule(known.name, dict(known.tags), cand.device) if known.better != "equal" else None
-        gated = numerics is not None or rule_p is not None
-        if metric is None or other is None or not metric.samples or not other.samples:
-            if gated:
-                side = "candidate" if metric is None or not metric.samples else "production"
-                reasons.append(Reason(missing, f"gated metric {key} has no samples in the {side} cell: "
-                                      "nothing to compare", cell=cand.id, test=known.test, kind="missing-metric"))
-            continue
-        if numerics is not None:
-            p = stats.parity(other.samples, metric.samples, rtol=numerics.rtol, atol=numerics.atol,
-                             steps=numerics.steps or None)
-            parity.append(ParityCheck(cand.id, base.id, key, p, numerics.rtol, numerics.atol))
-            if p.bitwise:
-                reasons.append(Reason(Severity.INFO, f"{key}: bitwise identical to production over {p.compared} steps",
-                                      cell=cand.id, kind="numerics"))
-            elif not p.within:
-                what = p.problem or (f"step {p.worst_index} differs by {p.worst_abs:.3g} ({p.worst_rel:.2%})")
-                reasons.append(Reason(Severity.BLOCKING,
-                                      f"numerics drift in {key}: {what}; tolerance rtol={numerics.rtol:g} "
-                                      f"atol={numerics.atol:g}", cell=cand.id, test=metric.test, kind="numerics"))
-            continue
-        if metric.better == "equal":
-            continue  # an equal-series with no numerics rule is recorded, not judged
-        if not all(math.isfinite(x) for x in (*metric.samples, *other.samples)):
-            if rule_p is not None:
-                reasons.append(Reason(Severity.INCONCLUSIVE, f"{key}: a sample is NaN or infinite: cannot compare",
-                                      cell=cand.id, test=metric.test, kind="perf-inconclusive"))
-            continue
-        base_runs, cand_runs = _runs(key, (bres, cres), repeats)
-        if rule_p is not None and rule_p.method == "threshold":
-            cmp = stats.threshold(other.samples, metric.samples, better=metric.better, tolerance=rule_p.tolerance)
-        elif rule_p is not None and len(base_runs) >= 2:  # interleaved repeats: per-run summaries, paired
-            cmp = stats.paired(base_runs, cand_runs, better=metric.better, tolerance=rule_p.tolerance,
-                               confidence=policy.confidence, summary=rule_p.summary)
-        else:
-            # ungated metrics are shown, not judged: a coarser interval is enough for the report
-            cmp = stats.compare(other.samples, metric.samples, better=metric.better,
-                                tolerance=rule_p.tolerance if rule_p else 0.05, confidence=policy.confidence,
-                                resamples=policy.resamples if rule_p else min(policy.resamples, 200),
-                                min_samples=policy.min_samples)
-        comparisons.append(MetricComparison(cand.id, base.id, key, metric.unit, cand.device, cmp, rule_p is not None))
-        if rule_p is None:
-            continue
-        if cmp.outcome is stats.Outcome.REGRESSION:
-            reasons.append(Reason(Severity.BLOCKING, f"performance regression in {key}: {cmp.describe(metric.unit)}",
-                                  cell=cand.id, test=metric.test, kind="regression"))
-        elif cmp.outcome is stats.Outcome.INCONCLUSIVE:
-            few = min(len(metric.samples), len(other.samples)) < policy.min_samples
-            if cmp.method == "paired":
-                advice = (f"noise too high to tell over {len(base_runs)} interleaved runs; raise repeats "
-                          "(`stackgate calibrate` says how many this runner needs) or use a quieter runner")
-            elif few:
-                advice = (f"only {min(len(metric.samples), len(other.samples))} samples; need >= {policy.min_samples} "
-                          "(or gate it with method = \"threshold\")")
-            else:
-                advice = "noise too high to tell; set repeats (interleaved runs) or use a quieter runner"
-            reasons.append(Reason(Severity.INCONCLUSIVE, f"{key}: {cmp.describe(metric.unit)}: {advice}",
-                                  cell=cand.id, test=metric.test, kind="perf-inconclusive"))
-    return comparisons, parity, reasons
 
 
 def _apply_waivers(reasons: list[Reason], policy: Policy, today: dt.date) -> list[Reason]:

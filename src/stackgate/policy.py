@@ -20,6 +20,7 @@ METHODS = ("bootstrap", "threshold")
 SUMMARIES = ("median", "best")
 PreexistingRule = Literal["go", "inconclusive"]
 PREEXISTING: tuple[PreexistingRule, ...] = ("go", "inconclusive")
+MAX_PRESSURE = 0.5  # see docs/performance.md "Interference": measured on this kind of runner
 FlakyRule = Literal["inconclusive", "go", "no-go"]
 FLAKY: tuple[FlakyRule, ...] = ("inconclusive", "go", "no-go")
 
@@ -96,6 +97,11 @@ class Policy:
     # when `repeats` runs cannot settle a gated metric (inconclusive, or a regression not yet seen over
     # this many runs), its tests run again, interleaved, until this many runs in all; then the gate decides
     confirm_repeats: int = 5
+    # a run pair of the performance-gated tests taken while the runner's interference (the largest of
+    # CPU pressure, steal and throttling over the run, `pressure.py`) exceeded this share is not used;
+    # up to `pressure_reruns` more interleaved rounds replace such pairs
+    max_pressure: float = MAX_PRESSURE
+    pressure_reruns: int = 3
     performance: tuple[MetricRule, ...] = ()
     numerics: tuple[NumericsRule, ...] = ()
     waivers: tuple[Waiver, ...] = ()
@@ -128,7 +134,7 @@ def load_policy(path: Path) -> Policy:
     tomlfile.check_keys(doc, req, ["cells", "tests", "candidate_tests", "all_tests", "metrics"], "required")
     perf = tomlfile.get(doc, d, "performance", dict, default={})
     tomlfile.check_keys(doc, perf, ["confidence", "resamples", "min_samples", "repeats", "confirm_repeats",
-                                     "metric"], "performance")
+                                     "max_pressure", "pressure_reruns", "metric"], "performance")
     rules = []
     for row in tomlfile.get(doc, perf, "metric", list, "performance", default=[]):
         tomlfile.check_keys(doc, row, ["name", "tolerance", "devices", "tags", "method", "summary"],
@@ -200,6 +206,8 @@ def load_policy(path: Path) -> Policy:
         min_samples=int(_in_range(doc, perf, "min_samples", 1, None, "performance", default=3, kind=int)),
         repeats=int(_in_range(doc, perf, "repeats", 1, 100, "performance", default=1, kind=int)),
         confirm_repeats=int(_in_range(doc, perf, "confirm_repeats", 1, 100, "performance", default=5, kind=int)),
+        max_pressure=_in_range(doc, perf, "max_pressure", 0.0, 1.0, "performance", default=MAX_PRESSURE),
+        pressure_reruns=int(_in_range(doc, perf, "pressure_reruns", 0, 20, "performance", default=3, kind=int)),
         performance=tuple(rules),
         numerics=tuple(numerics),
         waivers=tuple(waivers),

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping, Sequence
 
-from stackgate import gate
+from stackgate import comparison
 from stackgate.confirm import is_failure
 from stackgate.model import ROLLBACK, Cell, CellResult, Phase, Role, repeat
 from stackgate.policy import Policy
@@ -96,11 +96,35 @@ def new_failures(pairs: Sequence[Cell], finished: Mapping[str, CellResult]) -> S
     return with_baselines(per_candidate)
 
 
+def next_round(finished: Mapping[str, CellResult]) -> int:
+    """The number of the next repeat round: after every round recorded (each pair's runs keep one
+    number per round, whichever pairs it was made for)."""
+    return comparison.last_round(finished) + 1
+
+
+def short_of_quiet_runs(pairs: Sequence[Cell], by_id: Mapping[str, Cell], finished: Mapping[str, CellResult],
+                       policy: Policy, replaced: Mapping[str, int]) -> tuple[Selection, dict[str, str]]:
+    """The pairs that have fewer runs taken within `max_pressure` than the policy asked for (the runs
+    made, less the rounds already made to replace disturbed ones: `replaced`, candidate id -> rounds),
+    with their performance-gated tests; and for each, why (what was dropped)."""
+    per_candidate, why = {}, {}
+    for cand in pairs:
+        base = by_id[cand.baseline]
+        runs = [(finished[base.id], finished[cand.id]), *comparison.repeat_pairs(cand, base, finished)]
+        kept, dropped = comparison.disturbed(runs, policy.max_pressure)
+        if dropped and len(kept) < len(runs) - replaced.get(cand.id, 0):
+            per_candidate[cand] = gated_tests(cand, [finished[cand.id], finished[base.id]], policy)
+            why[cand.id] = (f"{len(dropped)} of {len(runs)} run pair(s) taken while the runner was busy beyond "
+                            f"max_pressure = {policy.max_pressure:.0%}")
+    select = with_baselines(per_candidate)
+    return select, {k: v for k, v in why.items() if k in select}
+
+
 def unsettled(pairs: Sequence[Cell], by_id: Mapping[str, Cell], finished: Mapping[str, CellResult],
               policy: Policy) -> tuple[Selection, dict[str, dict[str, str]]]:
     """What confirmation runs, and why: the tests of the gated metrics that the runs so far cannot
     settle (cell id -> metric -> the reason)."""
-    why = {p.id: gate.unsettled(p, by_id[p.baseline], finished, policy) for p in pairs}
+    why = {p.id: comparison.unsettled(p, by_id[p.baseline], finished, policy) for p in pairs}
     return with_baselines({p: tests_of(why[p.id], [finished[p.id], finished[p.baseline]]) for p in pairs}), why
 
 

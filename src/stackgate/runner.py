@@ -11,11 +11,11 @@ import re
 import secrets
 import shutil
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from stackgate import resolve, results
+from stackgate import pressure, resolve, results
 from stackgate.backends.base import Backend, EnvHandle, Execution, PrepareFailed
 from stackgate.console import Console, Printer
 from stackgate.errors import InfraError
@@ -70,7 +70,8 @@ class Progress:
             self.say(f"  [{self.cell} {int(elapsed) // 60:02d}:{int(elapsed) % 60:02d}] {m.group(1)} {m.group(2)}")
 
 
-def run_cell(backend: Backend, cell: Cell, handle: EnvHandle, ctx: RunContext) -> CellResult:
+def run_cell(backend: Backend, cell: Cell, handle: EnvHandle, ctx: RunContext,
+             gauge: Callable[[], pressure.Counters] = pressure.read) -> CellResult:
     """One cell on any backend: the suite's node plan, executed invocation by invocation (the nodes
     of each at the same time) under one deadline, then collected into a CellResult."""
     workdir, shared = ctx.fresh_cell_dir(cell)
@@ -85,9 +86,11 @@ def run_cell(backend: Backend, cell: Cell, handle: EnvHandle, ctx: RunContext) -
     start = time.monotonic()
     deadline = start + ctx.suite.timeout_s
     exits: list[NodeExit] = []
+    before = gauge()  # how busy the runner is while the nodes run: evidence beside their metrics
     for group in node_commands(cell, ctx, layout):
         exits += backend.execute(handle, group, deadline, exe)
-    extra = {**backend.describe(handle), **({"refused_links": list(ctx.refused_links)} if ctx.refused_links else {})}
+    extra = {**backend.describe(handle), "pressure": pressure.between(before, gauge()).to_json(),
+             **({"refused_links": list(ctx.refused_links)} if ctx.refused_links else {})}
     return build_result(cell, exits, evidence, time.monotonic() - start, ctx, extra_env=extra)
 
 
@@ -95,8 +98,10 @@ class Runner:
     """Executes attempts at `cells` on `backend`, recording each result in the run directory."""
 
     def __init__(self, backend: Backend, ctx: RunContext, console: Console, cells: Sequence[Cell],
-                 resolutions: Mapping[str, resolve.Resolution] | None = None) -> None:
+                 resolutions: Mapping[str, resolve.Resolution] | None = None, *,
+                 gauge: Callable[[], pressure.Counters] = pressure.read) -> None:
         self.backend = backend
+        self.gauge = gauge
         self.console = console
         self.progress = Progress(console.say)
         self.ctx = replace(ctx, on_line=self.progress.line)
@@ -195,7 +200,7 @@ class Runner:
         say(f"run {label}")
         self.progress.begin(label)
         try:
-            result = run_cell(self.backend, cell, handle, ctx)
+            result = run_cell(self.backend, cell, handle, ctx, self.gauge)
         except InfraError as exc:
             result = did_not_run(Status.INFRA_ERROR, str(exc))
         environment = {**result.environment, "env_reused": handle.reused, "env_prepare_s": round(handle.prepare_s, 1)}

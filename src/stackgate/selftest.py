@@ -90,6 +90,15 @@ def _gpu_spread(metric: Metric) -> Metric:
     return replace(metric, samples=tuple(centre * (1 + rng.gauss(0, GPU_SPREAD)) for _ in metric.samples))
 
 
+def _on_device(metric: Metric) -> Metric:
+    """On the GPU pool the recording's CPU-time clock stands in for the device clock (CUDA events) that
+    a GPU runner records and the cuda rules gate."""
+    tags = dict(metric.tags)
+    if tags.get("clock") != "cpu":
+        return metric
+    return replace(metric, tags=tuple(sorted({**tags, "clock": "device"}.items())))
+
+
 def recorded(device: str = "cpu") -> Recorded:
     """The clean pair on a `device` pool: the candidate's tests, production's metric values."""
     text = shipped.resource(*RECORDING).read_text()
@@ -102,7 +111,8 @@ def recorded(device: str = "cpu") -> Recorded:
     prod = _cell(prod_r, pool)
     cand = replace(_cell(cand_r, pool), baseline=prod.id)
     if device == "cuda":
-        prod_r = replace(prod_r, metrics=tuple(_gpu_spread(m) for m in prod_r.metrics))
+        prod_r = replace(prod_r, metrics=tuple(_gpu_spread(_on_device(m)) for m in prod_r.metrics))
+        cand_r = replace(cand_r, metrics=tuple(_on_device(m) for m in cand_r.metrics))
     base = {m.key: m for m in prod_r.metrics}
     cand_metrics = tuple(replace(base[m.key], test=m.test) if m.key in base else m for m in cand_r.metrics)
     results = {prod.id: replace(prod_r, cell_id=prod.id, cell=prod.to_json()),

@@ -12,7 +12,7 @@ import pytest
 
 from stackgate import fleet
 from stackgate.backends.choose import Machinery
-from stackgate.backends.memory import MemoryBackend
+from stackgate.backends.memory import Gauge, MemoryBackend
 from stackgate.commands.run import run as run_command
 from stackgate.options import Options
 from stackgate.options import read as read_options
@@ -21,9 +21,11 @@ ROOT = Path(__file__).resolve().parents[2]
 RunMemory = Callable[..., tuple[int, dict[str, Any], list[str]]]
 
 
-def on_memory(backend: MemoryBackend) -> Machinery:
-    """What a command starts in the unit tier: the in-memory backend, no resolver, a plain CPU host."""
-    return Machinery(backend=lambda *a, **k: backend, resolve=lambda *a, **k: {}, local=fleet.LocalHost)
+def on_memory(backend: MemoryBackend, gauge: Gauge | None = None) -> Machinery:
+    """What a command starts in the unit tier: the in-memory backend, no resolver, a plain CPU host,
+    a quiet runner (or `gauge`'s interference)."""
+    return Machinery(backend=lambda *a, **k: backend, resolve=lambda *a, **k: {}, local=fleet.LocalHost,
+                     gauge=gauge or Gauge())
 
 
 @pytest.fixture

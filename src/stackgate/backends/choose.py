@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from stackgate import artifacts, fleet, given, resolve
+from stackgate import artifacts, fleet, given, pressure, resolve
 from stackgate.backends.base import Backend
 from stackgate.backends.routed import Routed
 from stackgate.compat import CompatTable
@@ -81,6 +81,7 @@ class Machinery:
     backend: BackendFactory = make_backend
     resolve: Resolver = resolve.resolve_all
     local: Callable[[], fleet.LocalHost] = fleet.detect_local
+    gauge: Callable[[], pressure.Counters] = pressure.read  # the runner's interference counters
 
 
 REAL = Machinery()

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 from xml.sax.saxutils import quoteattr
 
+from stackgate import pressure
 from stackgate.backends.base import Described, EnvHandle, Execution
 from stackgate.model import Stack
 from stackgate.suite import RDZV_PORT, Layout, NodeCommand, NodeExit
@@ -50,6 +51,24 @@ def answer(command: NodeCommand, outcomes: Mapping[str, str], *, returncode: int
     if oom_killed:
         returncode = -9
     return NodeExit(command.node, f"memory-node{command.node}", returncode, timed_out, oom_killed, 0.1)
+
+
+class Gauge:
+    """Interference counters for the unit tier: a quiet runner unless told otherwise. `busy` is the
+    share of CPU pressure (PSI some) each next run sees, in order (then 0): a run spans two reads."""
+
+    def __init__(self, busy: Sequence[float] = ()) -> None:
+        self.busy = list(busy)
+        self.clock = 0.0
+        self.some_us = 0.0
+        self._open = False
+
+    def __call__(self) -> pressure.Counters:
+        if self._open:  # the end of a run: one second that was `busy` under pressure
+            self.clock += 1.0
+            self.some_us += 1e6 * (self.busy.pop(0) if self.busy else 0.0)
+        self._open = not self._open
+        return pressure.Counters(self.clock, int(self.some_us), 0, 0, int(self.clock * 100), 0.0)
 
 
 def all_pass(command: NodeCommand, exe: Execution) -> NodeExit:

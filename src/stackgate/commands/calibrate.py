@@ -42,7 +42,7 @@ def calibrate(opts: Options, env: Mapping[str, str], *, runs: int, target: float
     run_dir.mkdir(parents=True, exist_ok=True)
     suite = inputs.suite_spec(opts, platform_checks=False, host=env)
     ctx = RunContext(run_id=run_id, run_dir=run_dir, suite=suite, mask=masking.Masker.of(env, suite.env))
-    runner = Runner(backend, ctx, console, prods, resolutions)
+    runner = Runner(backend, ctx, console, prods, resolutions, gauge=machinery.gauge)
     report: dict[str, Any] = {"run_id": run_id, "target": target, "allow": allow, "runs": runs, "pools": {}}
     try:
         for cell in prods:

@@ -67,7 +67,7 @@ def run(opts: Options, env: Mapping[str, str], say: Printer | None = None, *, ma
         say(f"suite {suite.path}; policy: {loaded.policy.origin}")
         ctx = RunContext(run_id=run_id, run_dir=run_dir, suite=suite, suite_deps={} if deps.empty else deps.describe(),
                          select=tuple(opts.tests), mask=masking.Masker.of(env, suite.env))
-        runner = Runner(backend, ctx, console, runnable, resolutions)
+        runner = Runner(backend, ctx, console, runnable, resolutions, gauge=machinery.gauge)
         interrupted: KeyboardInterrupt | None = None
         try:
             attempt_all(runner, runnable, loaded.policy, rollback=opts.rollback)
@@ -118,6 +118,27 @@ def _open(opts: Options, loaded: Loaded, run_id: str, run_dir: Path, chosen: mat
         say(f"repaired a torn last line of {results.RESULTS} (kept in {results.TORN}): {torn[:120]}")
 
 
+def _quiet_runs(runner: Runner, ordered: Sequence[Cell], pairs: Sequence[Cell], policy: Policy,
+                replaced: dict[str, int], budget: int) -> int:
+    """Replace the performance runs taken while the runner was busy beyond `max_pressure`: one more
+    interleaved round of the pairs short of quiet runs, at most `budget` rounds; returns the rounds made."""
+    made = 0
+    while made < budget and pairs:
+        finished = results.read(runner.ctx.run_dir)
+        select, why = repeats.short_of_quiet_runs(pairs, runner.by_id, finished, policy, replaced)
+        if not select:
+            break
+        runner.console.say(f"interference: 1 more interleaved run of {repeats.listed(select)} "
+                           f"({made + 1} of at most {budget}), because " + "; ".join(
+                               f"{cell_id}: {reason}" for cell_id, reason in sorted(why.items())))
+        first = repeats.next_round(finished)
+        runner.run(repeats.repeat_attempts(ordered, runner.by_id, select, range(first, first + 1)))
+        for cell_id in why:
+            replaced[cell_id] = replaced.get(cell_id, 0) + 1
+        made += 1
+    return made
+
+
 def attempt_all(runner: Runner, cells: Sequence[Cell], policy: Policy, *, rollback: bool) -> None:
     """Every attempt of a run, in order: the main runs; the reruns of each candidate's new failures,
     in both stacks (a failure counts only when it repeats); the interleaved repeats of the
@@ -143,7 +164,9 @@ def attempt_all(runner: Runner, cells: Sequence[Cell], policy: Policy, *, rollba
             say(f"repeats: {policy.repeats - 1} more interleaved run(s) of the performance-gated tests "
                 f"({repeats.listed(select)})")
         runner.run(repeats.repeat_attempts(ordered, by_id, select, range(1, policy.repeats)))
-        finished = results.read(runner.ctx.run_dir)
+    replaced: dict[str, int] = {}  # candidate id -> rounds made to replace runs taken under interference
+    budget = policy.pressure_reruns - _quiet_runs(runner, ordered, pairs, policy, replaced, policy.pressure_reruns)
+    finished = results.read(runner.ctx.run_dir)
     if pairs and policy.confirm_repeats > policy.repeats:
         select, why = repeats.unsettled(pairs, by_id, finished, policy)
         if select:
@@ -152,6 +175,9 @@ def attempt_all(runner: Runner, cells: Sequence[Cell], policy: Policy, *, rollba
             for cell_id, metrics in sorted(why.items()):
                 for key, reason in sorted(metrics.items()):
                     say(f"  {cell_id} {key}: {reason}")
-            runner.run(repeats.repeat_attempts(ordered, by_id, select, range(policy.repeats, policy.confirm_repeats)))
+            first = repeats.next_round(finished)
+            runner.run(repeats.repeat_attempts(ordered, by_id, select,
+                                               range(first, first + policy.confirm_repeats - policy.repeats)))
+            _quiet_runs(runner, ordered, pairs, policy, replaced, budget)
     if rollback:  # production reads what each candidate that ran its suite wrote
         runner.run(repeats.rollbacks(ordered, by_id, results.read(runner.ctx.run_dir)))

@@ -1,0 +1,209 @@
+"""A candidate's metrics against its production partner's: the performance comparisons (over the
+main run and the interleaved repeats) and the numerics checks, each with the reasons it gives the
+gate. `gate.decide` is the one caller that decides; `unsettled` tells the attempt loop what the runs
+so far cannot settle."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+from stackgate import pressure, stats
+from stackgate.evidence import MetricComparison, ParityCheck
+from stackgate.model import Cell, CellResult, Metric, PhaseKind, Reason, Severity, repeat
+from stackgate.policy import Policy
+
+
+def _metric_index(result: CellResult) -> dict[str, Metric]:
+    return {m.key: m for m in result.metrics}
+
+
+Pair = tuple[CellResult, CellResult]  # (production, candidate): one run of each, side by side
+
+
+def repeat_pairs(cand: Cell, base: Cell, results: Mapping[str, CellResult]) -> list[Pair]:
+    """The interleaved repeats of the performance-gated tests: (production, candidate) run r, for each
+    round both ran (a round made for another pair of the same production cell has no partner here)."""
+    pairs = []
+    for r in range(1, last_round(results) + 1):
+        b, c = results.get(base.result_id(repeat(r))), results.get(cand.result_id(repeat(r)))
+        if b is not None and c is not None and b.status.ran_suite and c.status.ran_suite:
+            pairs.append((b, c))
+    return pairs
+
+
+def last_round(results: Mapping[str, CellResult]) -> int:
+    """The highest repeat round recorded in the run (0: none)."""
+    rounds = [r.phase.round for r in results.values() if r.phase.kind is PhaseKind.REPEAT]
+    return max(rounds, default=0)
+
+
+def interference(result: CellResult) -> float | None:
+    found = pressure.of_result(result.environment)
+    return found.interference if found is not None else None
+
+
+def disturbed(pairs: Sequence[Pair], limit: float) -> tuple[list[Pair], list[Pair]]:
+    """The pairs whose runs were both taken under interference at most `limit` (kept), and the others
+    (either side above it: the pair is dropped whole, so the rest stay pairs). A run that could not
+    measure interference is kept, as before there was a measure."""
+    kept: list[Pair] = []
+    dropped: list[Pair] = []
+    for pair in pairs:
+        over = any((x := interference(r)) is not None and x > limit for r in pair)
+        (dropped if over else kept).append(pair)
+    return kept, dropped
+
+
+def _run_name(result: CellResult) -> str:
+    return "main run" if result.phase.kind is not PhaseKind.REPEAT else f"repeat {result.phase.round}"
+
+
+def _pressure_seen(kept: Sequence[Pair], dropped: Sequence[Pair], limit: float) -> str:
+    """What the runner's interference was, for an INCONCLUSIVE's advice."""
+    sides = []
+    for i, side in enumerate(("production", "candidate")):
+        seen = [x for pair in kept if (x := interference(pair[i])) is not None]
+        if seen:
+            sides.append(f"{side} up to {max(seen):.0%}")
+    text = f"CPU interference during the runs used: {', '.join(sides)}" if sides else ""
+    if dropped:
+        text += (f"{'; ' if text else ''}{len(dropped)} run pair(s) taken above {limit:.0%} "
+                 f"(max_pressure) were not used")
+    return text
+
+
+def _dropped_note(cand: Cell, pairs: Sequence[Pair], dropped: Sequence[Pair], limit: float) -> Reason:
+    def seen(result: CellResult) -> str:
+        found = pressure.of_result(result.environment)
+        return found.describe() if found is not None else "not measured"
+
+    what = "; ".join(f"{_run_name(b)}: production {seen(b)}, candidate {seen(c)}" for b, c in dropped)
+    return Reason(Severity.INFO, f"{len(dropped)} of {len(pairs)} run pair(s) not used for the performance gate: "
+                  f"taken while the runner was busy beyond max_pressure = {limit:.0%} ({what})", cell=cand.id,
+                  kind="pressure-discarded")
+
+
+def unsettled(cand: Cell, base: Cell, results: Mapping[str, CellResult], policy: Policy) -> dict[str, str]:
+    """The gated, sampled metrics of a candidate that the runs so far cannot settle, each with why:
+    an interval that straddles the tolerance, or a regression seen over fewer than the policy's
+    `confirm_repeats` runs (the steps of one run are blind to run-to-run noise, so one run never
+    makes a performance NO-GO when confirmation is on). Metric key -> why."""
+    cres, bres = results.get(cand.id), results.get(base.id)
+    if cres is None or bres is None or not (cres.status.ran_suite and bres.status.ran_suite):
+        return {}
+    pairs = repeat_pairs(cand, base, results)
+    runs = 1 + len(pairs)
+    comparisons, _, _ = compare_pair(cand, base, cres, bres, policy, Severity.INFO, repeats=pairs)
+    out = {}
+    for c in comparisons:
+        if not c.gated or c.comparison.method == "threshold":
+            continue
+        if c.comparison.outcome is stats.Outcome.INCONCLUSIVE:
+            out[c.metric] = f"{c.comparison.describe(c.unit)}: cannot tell over {runs} run(s)"
+        elif c.comparison.outcome is stats.Outcome.REGRESSION and runs < policy.confirm_repeats:
+            out[c.metric] = f"{c.comparison.describe(c.unit)}: a regression over {runs} run(s), to confirm"
+    return out
+
+
+def _runs(key: str, pairs: Sequence[Pair]) -> tuple[list[tuple[float, ...]], list[tuple[float, ...]]]:
+    """A metric's samples per run, production and candidate, in pairs (main run, then each repeat)."""
+    base_runs, cand_runs = [], []
+    for b, c in pairs:
+        bm, cm = _metric_index(b).get(key), _metric_index(c).get(key)
+        if bm is not None and cm is not None and bm.samples and cm.samples:
+            base_runs.append(bm.samples)
+            cand_runs.append(cm.samples)
+    return base_runs, cand_runs
+
+
+def compare_pair(cand: Cell, base: Cell, cres: CellResult, bres: CellResult, policy: Policy,
+             missing: Severity, repeats: Sequence[tuple[CellResult, CellResult]] = ()
+             ) -> tuple[list[MetricComparison], list[ParityCheck], list[Reason]]:
+    comparisons, parity, reasons = [], [], []
+    bmetrics, cmetrics = _metric_index(bres), _metric_index(cres)
+    limit = policy.max_pressure
+    every: list[Pair] = [(bres, cres), *repeats]
+    kept, dropped = disturbed(every, limit)
+    sampled_gate = False  # a gated metric compared by its samples: the runs' interference matters
+    for key in sorted(set(bmetrics) | set(cmetrics)):
+        metric, other = cmetrics.get(key), bmetrics.get(key)
+        known = metric or other
+        assert known is not None
+        numerics = policy.numerics_rule(known.name) if known.better == "equal" else None
+        rule_p = policy.metric_rule(known.name, dict(known.tags), cand.device) if known.better != "equal" else None
+        gated = numerics is not None or rule_p is not None
+        if metric is None or other is None or not metric.samples or not other.samples:
+            if gated:
+                side = "candidate" if metric is None or not metric.samples else "production"
+                reasons.append(Reason(missing, f"gated metric {key} has no samples in the {side} cell: "
+                                      "nothing to compare", cell=cand.id, test=known.test, kind="missing-metric"))
+            continue
+        if numerics is not None:
+            p = stats.parity(other.samples, metric.samples, rtol=numerics.rtol, atol=numerics.atol,
+                             steps=numerics.steps or None)
+            parity.append(ParityCheck(cand.id, base.id, key, p, numerics.rtol, numerics.atol))
+            if p.bitwise:
+                reasons.append(Reason(Severity.INFO, f"{key}: bitwise identical to production over {p.compared} steps",
+                                      cell=cand.id, kind="numerics"))
+            elif not p.within:
+                what = p.problem or (f"step {p.worst_index} differs by {p.worst_abs:.3g} ({p.worst_rel:.2%})")
+                reasons.append(Reason(Severity.BLOCKING,
+                                      f"numerics drift in {key}: {what}; tolerance rtol={numerics.rtol:g} "
+                                      f"atol={numerics.atol:g}", cell=cand.id, test=metric.test, kind="numerics"))
+            continue
+        if metric.better == "equal":
+            continue  # an equal-series with no numerics rule is recorded, not judged
+        if not all(math.isfinite(x) for x in (*metric.samples, *other.samples)):
+            if rule_p is not None:
+                reasons.append(Reason(Severity.INCONCLUSIVE, f"{key}: a sample is NaN or infinite: cannot compare",
+                                      cell=cand.id, test=metric.test, kind="perf-inconclusive"))
+            continue
+        base_runs, cand_runs = _runs(key, kept)
+        if rule_p is not None and rule_p.method == "threshold":
+            cmp = stats.threshold(other.samples, metric.samples, better=metric.better, tolerance=rule_p.tolerance)
+        elif rule_p is not None and not base_runs:
+            sampled_gate = True
+            reasons.append(Reason(Severity.INCONCLUSIVE, f"{key}: all {len(every)} run pair(s) were taken while the "
+                                  f"runner was busy beyond max_pressure = {limit:.0%}: no run to compare; use a quieter "
+                                  "runner (or raise pressure_reruns)", cell=cand.id, test=metric.test,
+                                  kind="perf-pressure"))
+            continue
+        elif rule_p is not None and len(base_runs) >= 2:  # interleaved repeats: per-run summaries, paired
+            sampled_gate = True
+            cmp = stats.paired(base_runs, cand_runs, better=metric.better, tolerance=rule_p.tolerance,
+                               confidence=policy.confidence, summary=rule_p.summary)
+        elif rule_p is not None:  # the one quiet run: its steps
+            sampled_gate = True
+            cmp = stats.compare(base_runs[0], cand_runs[0], better=metric.better, tolerance=rule_p.tolerance,
+                                confidence=policy.confidence, resamples=policy.resamples,
+                                min_samples=policy.min_samples)
+        else:
+            # ungated metrics are shown, not judged: a coarser interval is enough for the report
+            cmp = stats.compare(other.samples, metric.samples, better=metric.better,
+                                tolerance=rule_p.tolerance if rule_p else 0.05, confidence=policy.confidence,
+                                resamples=policy.resamples if rule_p else min(policy.resamples, 200),
+                                min_samples=policy.min_samples)
+        comparisons.append(MetricComparison(cand.id, base.id, key, metric.unit, cand.device, cmp, rule_p is not None))
+        if rule_p is None:
+            continue
+        if cmp.outcome is stats.Outcome.REGRESSION:
+            reasons.append(Reason(Severity.BLOCKING, f"performance regression in {key}: {cmp.describe(metric.unit)}",
+                                  cell=cand.id, test=metric.test, kind="regression"))
+        elif cmp.outcome is stats.Outcome.INCONCLUSIVE:
+            few = min(len(base_runs[0]), len(cand_runs[0])) < policy.min_samples
+            if cmp.method == "paired":
+                advice = (f"noise too high to tell over {len(base_runs)} interleaved runs; raise repeats "
+                          "(`stackgate calibrate` says how many this runner needs) or use a quieter runner")
+            elif few:
+                advice = (f"only {min(len(base_runs[0]), len(cand_runs[0]))} samples; need >= {policy.min_samples} "
+                          "(or gate it with method = \"threshold\")")
+            else:
+                advice = "noise too high to tell; set repeats (interleaved runs) or use a quieter runner"
+            seen = _pressure_seen(kept, dropped, limit)
+            reasons.append(Reason(Severity.INCONCLUSIVE, f"{key}: {cmp.describe(metric.unit)}: {advice}"
+                                  + (f" ({seen})" if seen else ""), cell=cand.id, test=metric.test,
+                                  kind="perf-inconclusive"))
+    if sampled_gate and dropped:
+        reasons.append(_dropped_note(cand, every, dropped, limit))
+    return comparisons, parity, reasons
