@@ -1,21 +1,26 @@
 """`nox -s sensitivity -- [--trials K] [--repeats N] [--tolerance T] [--summary best|median]
-[--plants 0,0.01,0.05,0.1]`:
+[--plants 0,0.01,0.05,0.1] [--clock cpu|wall] [--hog LOOPS]`:
 plant a known slowdown (real extra work in the candidate, see sensitivity_suite/test_workload.py)
 and run the real gate K times per planted change; print how often it says NO-GO for a regression
 of workload.step_time. Targets on this CPU machine: 5% detected in >= 90% of trials, 0% and 1%
 flagged in <= 5%. Production and candidate are the same stack (2.13.0+cpu, sensitivity-matrix.toml),
-so the planted work is the only difference. A benchmark: it prints figures and asserts nothing.
+so the planted work is the only difference. `--clock` picks the clock the policy gates (the
+workload records both; default cpu, the process's CPU time). `--hog LOOPS` starts that many busy
+loops during every trial, switched on and off every few seconds (a random phase per trial), so that
+some runs of a trial are disturbed and others not. A benchmark: it prints figures and asserts nothing.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import random
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -31,27 +36,77 @@ name = "workload.step_time"
 tolerance = {tolerance}
 summary = "{summary}"
 devices = ["cpu"]
+{tags}
 """
 
 
-def trial(work: Path, suite: Path, planted: float, repeats: int, index: int) -> tuple[bool, bool, float | None, float]:
+class Hog:
+    """`loops` busy loops, on for `on_s` then off for `off_s`, from a random phase, until stopped."""
+
+    def __init__(self, loops: int, on_s: float = 4.0, off_s: float = 4.0, seed: int = 0) -> None:
+        self.loops, self.on_s, self.off_s = loops, on_s, off_s
+        self.rng = random.Random(seed)
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._cycle, daemon=True)
+        self.busy_s = 0.0
+
+    def __enter__(self) -> Hog:
+        if self.loops:
+            self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        if self.loops:
+            self.thread.join()
+
+    def _cycle(self) -> None:
+        on = self.rng.random() < 0.5
+        first = self.rng.uniform(0, self.on_s if on else self.off_s)
+        while not self.stop.is_set():
+            if on:
+                procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(self.loops)]
+                start = time.monotonic()
+                self.stop.wait(first or self.on_s)
+                for proc in procs:
+                    proc.kill()
+                    proc.wait()
+                self.busy_s += time.monotonic() - start
+            else:
+                self.stop.wait(first or self.off_s)
+            on, first = not on, 0.0
+
+
+def trial(work: Path, suite: Path, planted: float, repeats: int, index: int,
+          hog: int = 0) -> tuple[bool, bool, float | None, float]:
     run_id = f"p{planted}-t{index}"
     start = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "stackgate", "run", "--backend", "venv", "--suite", str(suite),
+    with Hog(hog, seed=index * 100 + round(planted * 1000)):
+        proc = _run(work, suite, planted, repeats, run_id)
+    took = time.monotonic() - start
+    return (*_read(work, run_id, proc), took)
+
+
+def _run(work: Path, suite: Path, planted: float, repeats: int, run_id: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "stackgate", "run", "--backend", "venv", "--suite", str(suite),
                            "--matrix", str(HERE / "sensitivity-matrix.toml"),
                            "--no-platform-checks", "--no-rollback", "--suite-env", f"PLANTED_SLOWDOWN={planted}",
                            "--repeats", str(repeats), "--reports", str(work), "--run-id", run_id],
                           capture_output=True, text=True, check=False)
-    took = time.monotonic() - start
+
+
+def _read(work: Path, run_id: str, proc: subprocess.CompletedProcess[str]) -> tuple[bool, bool, float | None]:
     report = work / run_id / "report.json"
     if not report.exists():
         sys.exit(f"trial failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
     data = json.loads(report.read_text())
     flagged = any(r["kind"] == "regression" and "workload.step_time" in r["message"] for r in data["reasons"]
                   if r["severity"] == "blocking")
-    unsure = any(r["kind"] == "perf-inconclusive" for r in data["reasons"] if r["severity"] == "inconclusive")
-    change = next((c["change"] for c in data["comparisons"] if c["metric"] == "workload.step_time"), None)
-    return flagged, unsure, change, took
+    unsure = any(r["kind"] in ("perf-inconclusive", "perf-pressure") for r in data["reasons"]
+                 if r["severity"] == "inconclusive")
+    change = next((c["change"] for c in data["comparisons"] if c["metric"].startswith("workload.step_time")
+                   and c["gated"]), None)
+    return flagged, unsure, change
 
 
 def main() -> int:
@@ -62,20 +117,26 @@ def main() -> int:
     ap.add_argument("--plants", default="0,0.01,0.05,0.1")
     ap.add_argument("--summary", choices=("median", "best"), default="best",
                     help="how each run is summarised (the metric rule's `summary`; default best)")
+    ap.add_argument("--clock", choices=("cpu", "wall"), default="cpu",
+                    help="the clock the policy gates: the process's CPU time (default) or wall time")
+    ap.add_argument("--hog", type=int, default=0, help="busy loops switched on and off during each trial")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="stackgate-sensitivity-"))
     suite = work / "suite"
     shutil.copytree(HERE / "sensitivity_suite", suite)
     (suite / "stackgate-policy.toml").write_text(POLICY.format(repeats=args.repeats, tolerance=args.tolerance,
-                                                                           summary=args.summary))
+                                                                           summary=args.summary,
+                                                                           tags='tags = { clock = "cpu" }'
+                                                                           if args.clock == "cpu" else ""))
     plants = [float(p) for p in args.plants.split(",")]
     rows: dict[float, list[tuple[bool, bool, float | None, float]]] = {p: [] for p in plants}
     for index in range(args.trials):  # plants interleaved, so that drift over the hour hits all of them
         for planted in plants:
-            rows[planted].append(trial(work / "reports", suite, planted, args.repeats, index))
+            rows[planted].append(trial(work / "reports", suite, planted, args.repeats, index, args.hog))
             print(f"trial {index} planted {planted:+.0%}: {rows[planted][-1]}", flush=True)
-    print(f"\nrepeats {args.repeats}, tolerance {args.tolerance:.1%}, summary {args.summary}, "
-          f"{args.trials} trials per planted change")
+    print(f"\nrepeats {args.repeats}, tolerance {args.tolerance:.1%}, summary {args.summary}, clock {args.clock}, "
+          f"{args.trials} trials per planted change" + (f", {args.hog} busy loops on and off" if args.hog else
+                                                        ", quiet"))
     print(f"{'planted':>8} {'NO-GO rate':>11} {'INCONCLUSIVE':>13} {'median change seen':>19} {'trial time':>11}")
     for planted, found in rows.items():
         changes = [c for _, _, c, _ in found if c is not None]

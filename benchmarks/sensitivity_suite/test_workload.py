@@ -19,13 +19,14 @@ def test_workload() -> None:
     units = round(UNITS * (1 + planted))
     gen = torch.Generator().manual_seed(0)
     a, b = torch.randn(64, 64, generator=gen), torch.randn(64, 64, generator=gen)
-    times = []
+    times, cpu = [], []
     for _ in range(STEPS + 3):
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         x = a
         for _ in range(units):
             x = torch.tanh(x @ b)
         times.append((time.perf_counter() - start) * 1000)
+        cpu.append((time.process_time() - start_cpu) * 1000)  # this process's CPU time: the clock the gate reads
     assert torch.isfinite(x).all()
     path = os.environ.get("STACKGATE_RESULTS")
     if path:
@@ -33,3 +34,5 @@ def test_workload() -> None:
         with open(path, "a") as fh:  # noqa: PTH123 - a plain suite
             fh.write(json.dumps({"name": "workload.step_time", "unit": "ms", "samples": times[3:], "better": "lower",
                                  "nodeid": nodeid}) + "\n")
+            fh.write(json.dumps({"name": "workload.step_time", "unit": "ms", "samples": cpu[3:], "better": "lower",
+                                 "tags": {"clock": "cpu"}, "nodeid": nodeid}) + "\n")

@@ -41,6 +41,8 @@ class Comparison:
     cand_mad: float
     method: str = "bootstrap"  # bootstrap | threshold | paired (interleaved repeats)
     thinned_from: int = 0  # the bootstrap used MAX_BOOTSTRAP_SAMPLES of this many samples (a side with more)
+    statistic: str = ""  # paired: "sign" (the median pair, distribution-free) or "t" (the mean pair)
+    pairs: int = 0  # paired: the run pairs compared
 
     def describe(self, unit: str = "") -> str:
         u = f" {unit}" if unit else ""
@@ -49,7 +51,10 @@ class Comparison:
         if self.method == "threshold":
             return (f"{self.base_median:.4g}{u} -> {self.cand_median:.4g}{u} ({self.change:+.1%} worse-is-positive; "
                     f"single value, at most {self.tolerance:.0%} worse allowed)")
-        how = ", over interleaved repeats" if self.method == "paired" else ""
+        how = ""
+        if self.method == "paired":
+            how = (f", over {self.pairs} interleaved runs, " + ("sign test on the median pair" if self.statistic == "sign"
+                                                                 else "t interval on the mean pair"))
         return (f"{self.base_median:.4g}{u} -> {self.cand_median:.4g}{u} ({self.change:+.1%} worse-is-positive, "
                 f"CI [{self.low:+.1%}, {self.high:+.1%}], tolerance {self.tolerance:.1%}{how}{thin})")
 
@@ -171,11 +176,45 @@ def run_summaries(runs: Sequence[Sequence[float]], summary: str = "median", bett
     return [median(r) for r in runs if r]
 
 
+def sign_interval(logs: Sequence[float], confidence: float) -> tuple[float, float] | None:
+    """A distribution-free interval for the median of `logs` (the sign test's): the k-th smallest and
+    k-th largest values, with the largest k such that P(Binomial(n, 1/2) <= k - 1) <= (1 - confidence) / 2.
+    None unless k >= 2, i.e. unless the interval leaves out at least one value at each end (at 95%: from
+    9 pairs on): below that it is the range of the values, which one wrecked pair moves as far as it likes."""
+    n = len(logs)
+    tail = (1 - confidence) / 2
+    k, below = 0, 0.0
+    for j in range(n):
+        below += math.comb(n, j) / 2**n  # P(X <= j)
+        if below > tail:
+            break
+        k = j + 1
+    if k < 2:
+        return None
+    ordered = sorted(logs)
+    return ordered[k - 1], ordered[n - k]
+
+
+def wrecked(logs: Sequence[float], limit: float = 3.5) -> bool:
+    """Whether some pairs stand apart from the rest: a modified z-score |x - median| / (1.4826 MAD)
+    beyond `limit` (Iglewicz and Hoaglin's rule for outliers). Only then does the paired statistic
+    use the sign test: on clean pairs the t interval is the narrower (benchmarks/paired_stats.py)."""
+    centre = median(logs)
+    spread = 1.4826 * median(abs(x - centre) for x in logs)
+    if spread == 0:
+        return any(x != centre for x in logs)
+    return any(abs(x - centre) / spread > limit for x in logs)
+
+
 def paired(base_runs: Sequence[Sequence[float]], cand_runs: Sequence[Sequence[float]], *, better: str,
            tolerance: float, confidence: float = 0.95, summary: str = "median") -> Comparison:
     """Interleaved repeats (P C | C P | ...): run i of production is paired with run i of the candidate,
     so that drift on the runner hits both. The statistic works on per-run summaries: the log ratio of
-    each pair's summaries (medians, or best samples), with a Student t interval over the pairs."""
+    each pair's summaries (medians, or best samples). The interval is a Student t interval on the mean
+    log ratio, unless some pairs stand apart (`wrecked`: a run that a busy neighbour slowed) and there
+    are enough pairs (9 at 95%) for the sign test's interval on the median log ratio to leave out at
+    least one at each end: that one is distribution-free, and a few wrecked pairs move neither its
+    ends nor its centre (benchmarks/paired_stats.py compares the two; the report names the one used)."""
     base, cand = run_summaries(base_runs, summary, better), run_summaries(cand_runs, summary, better)
     n = min(len(base), len(cand))
     if n < 2 or any(not (0 < x < math.inf) for x in (*base[:n], *cand[:n])):
@@ -187,13 +226,18 @@ def paired(base_runs: Sequence[Sequence[float]], cand_runs: Sequence[Sequence[fl
     # the log of each value, then the difference: finite for every positive finite pair (1e-308 vs 1e308
     # is a log ratio of 1418; their quotient overflows)
     logs = [sign * (math.log(cand[i]) - math.log(base[i])) for i in range(n)]
-    mean = math.fsum(logs) / n
-    spread = math.sqrt(math.fsum((x - mean) ** 2 for x in logs) / (n - 1))
-    half = t_quantile(confidence, n - 1) * spread / math.sqrt(n)
-    low, high = _exp_minus_1(mean - half), _exp_minus_1(mean + half)
+    robust = sign_interval(logs, confidence) if wrecked(logs) else None
+    if robust is not None:
+        centre, (lo, hi), statistic = median(logs), robust, "sign"
+    else:
+        centre = math.fsum(logs) / n
+        spread = math.sqrt(math.fsum((x - centre) ** 2 for x in logs) / (n - 1))
+        half = t_quantile(confidence, n - 1) * spread / math.sqrt(n)
+        lo, hi, statistic = centre - half, centre + half, "t"
+    low, high = _exp_minus_1(lo), _exp_minus_1(hi)
     outcome = _outcome(low, high, tolerance)
-    return Comparison(median(base[:n]), median(cand[:n]), _exp_minus_1(mean), low, high,
-                      tolerance, outcome, mad(base[:n]), mad(cand[:n]), method="paired")
+    return Comparison(median(base[:n]), median(cand[:n]), _exp_minus_1(centre), low, high,
+                      tolerance, outcome, mad(base[:n]), mad(cand[:n]), method="paired", statistic=statistic, pairs=n)
 
 
 @dataclass(frozen=True)

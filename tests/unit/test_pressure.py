@@ -88,6 +88,8 @@ def test_a_run_taken_under_pressure_is_replaced_and_not_used(tmp_path: Path) -> 
 def test_a_runner_busy_in_every_run_gives_no_performance_verdict(tmp_path: Path) -> None:
     code, report, said, backend = _gated_run(tmp_path, [0.9] * 20, _policy(tmp_path, "pressure_reruns = 2"))
     assert [p for _, p in _phases(backend)].count("repeat2") == 2 and "repeat3" not in [p for _, p in _phases(backend)]
+    assert [line.split(" (")[1].split(")")[0] for line in said if line.startswith("interference:")] == [
+        "1 of at most 2", "2 of at most 2"]
     assert code == 1 and report["decision"] == "INCONCLUSIVE"
     (reason,) = [r for r in report["reasons"] if r["severity"] == "inconclusive"]
     assert reason["kind"] == "perf-pressure" and "all 3 run pair(s) were taken while the runner was busy" in reason[

@@ -306,3 +306,32 @@ def test_a_run_without_failures_reruns_nothing(no_subprocesses: MemoryBackend, r
     code, report, said = run_memory()
     assert code == 0 and report["decision"] == "GO" and not any(p.startswith("rerun") for _, p in _phases(no_subprocesses))
     assert not any(line.startswith("confirm failures") for line in said)
+
+
+def test_the_sign_interval_leaves_out_the_wrecked_pairs_at_each_end() -> None:
+    """At 95% the sign test's interval is [d(k), d(n+1-k)] with P(Bin(n, 1/2) <= k-1) <= 2.5%: k = 2 from
+    9 pairs (10/512 = 2.0%), k = 6 at 20 pairs (P(X <= 5) = 2.1%); below 9 pairs it would be the range."""
+    assert stats.sign_interval([0.0] * 8, 0.95) is None
+    logs = [0.01 * i for i in range(9)]
+    assert stats.sign_interval(logs, 0.95) == (0.01, 0.07)
+    twenty = [0.001 * i for i in range(20)]
+    assert stats.sign_interval(twenty, 0.95) == (0.005, 0.014)
+
+
+def test_wrecked_pairs_switch_the_paired_statistic_to_the_sign_test() -> None:
+    calm = [0.004, -0.003, 0.001, 0.002, -0.001, 0.0, 0.003, -0.002, 0.001, 0.002]
+    assert not stats.wrecked(calm) and stats.wrecked([*calm[:8], 0.9, 0.001])
+    base = [[10.0]] * 10
+    clean = stats.paired(base, [[10.0 * math.exp(x)] for x in calm], better="lower", tolerance=0.025)
+    assert clean.statistic == "t" and clean.outcome is stats.Outcome.OK and clean.pairs == 10
+    # one run of the candidate landed beside a busy neighbour: +90% (at 10 pairs the interval leaves out one at
+    # each end; at 20 pairs, five)
+    hit = [*calm[:9], math.log(1.9)]
+    robust = stats.paired(base, [[10.0 * math.exp(x)] for x in hit], better="lower", tolerance=0.025)
+    assert robust.statistic == "sign" and robust.outcome is stats.Outcome.OK
+    assert "sign test on the median pair" in robust.describe("ms")
+    assert "t interval on the mean pair" in clean.describe("ms")
+    # the t interval over the same pairs cannot tell: the wrecked pairs widen it past the tolerance
+    mean = sum(hit) / 10
+    spread = math.sqrt(sum((x - mean) ** 2 for x in hit) / 9)
+    assert mean + stats.t_quantile(0.95, 9) * spread / math.sqrt(10) > math.log1p(0.025)

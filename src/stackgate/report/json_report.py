@@ -69,7 +69,8 @@ def to_json(report: RunReport, exit_code: int) -> dict[str, Any]:
              "base_median": c.comparison.base_median, "cand_median": c.comparison.cand_median,
              "change": _num(c.comparison.change), "ci_low": _num(c.comparison.low), "ci_high": _num(c.comparison.high),
              "tolerance": c.comparison.tolerance, "outcome": c.comparison.outcome.value, "gated": c.gated,
-             "method": c.comparison.method}
+             "method": c.comparison.method, **({"statistic": c.comparison.statistic, "pairs": c.comparison.pairs}
+                                               if c.comparison.method == "paired" else {})}
             for c in ev.comparisons
         ],
         "numerics": [
