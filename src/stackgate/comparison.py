@@ -18,6 +18,7 @@ def _metric_index(result: CellResult) -> dict[str, Metric]:
     return {m.key: m for m in result.metrics}
 
 
+NOTABLE = 0.10  # interference worth naming in an INCONCLUSIVE's advice (a quiet run here measures ~4%)
 Pair = tuple[CellResult, CellResult]  # (production, candidate): one run of each, side by side
 
 
@@ -62,11 +63,13 @@ def _run_name(result: CellResult) -> str:
 def _pressure_seen(kept: Sequence[Pair], dropped: Sequence[Pair], limit: float) -> str:
     """What the runner's interference was, for an INCONCLUSIVE's advice."""
     sides = []
-    for i, side in enumerate(("production", "candidate")):
-        seen = [x for pair in kept if (x := interference(pair[i])) is not None]
+    for i, side in enumerate(("candidate", "production")):
+        seen = [x for pair in kept if (x := interference(pair[1 - i])) is not None]
         if seen:
-            sides.append(f"{side} up to {max(seen):.0%}")
-    text = f"CPU interference during the runs used: {', '.join(sides)}" if sides else ""
+            busy = sum(x > NOTABLE for x in seen)
+            sides.append(f"{side} up to {max(seen):.0%}" + (f" (above {NOTABLE:.0%} in {busy} of {len(seen)} runs)"
+                                                           if busy else ""))
+    text = f"the runner's CPU interference during the runs used: {', '.join(sides)}" if sides else ""
     if dropped:
         text += (f"{'; ' if text else ''}{len(dropped)} run pair(s) taken above {limit:.0%} "
                  f"(max_pressure) were not used")

@@ -20,7 +20,7 @@ METHODS = ("bootstrap", "threshold")
 SUMMARIES = ("median", "best")
 PreexistingRule = Literal["go", "inconclusive"]
 PREEXISTING: tuple[PreexistingRule, ...] = ("go", "inconclusive")
-MAX_PRESSURE = 0.5  # see docs/performance.md "Interference": measured on this kind of runner
+MAX_PRESSURE = 0.6  # docs/performance.md "A verdict that holds on a busy runner": quiet 4%, two busy loops 43-51%
 FlakyRule = Literal["inconclusive", "go", "no-go"]
 FLAKY: tuple[FlakyRule, ...] = ("inconclusive", "go", "no-go")
 

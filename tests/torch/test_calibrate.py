@@ -17,9 +17,11 @@ all_tests = true
 [performance]
 repeats = 2
 confirm_repeats = 2  # this test checks the fixed repeats alone
+max_pressure = 1.0  # (and no round that replaces a run a busy CI machine disturbed)
 
 [[performance.metric]]
 name = "workload.step_time"
+tags = { clock = "cpu" }  # the workload's CPU time (it records wall time too)
 tolerance = 0.5
 devices = ["cpu"]
 """
@@ -33,10 +35,10 @@ def test_calibrate_measures_noise_and_the_report_shows_the_gates_power(tmp_path:
     cal = subprocess.run([sys.executable, "-m", "stackgate", "calibrate", "--runs", "4", "--run-id", "cal", *common],
                          cwd=tmp_path, capture_output=True, text=True, timeout=900, check=False)
     assert cal.returncode == 0, cal.stdout[-3000:] + cal.stderr[-3000:]
-    assert "workload.step_time: run-to-run noise" in cal.stdout and "with repeats = " in cal.stdout
+    assert "workload.step_time[clock=cpu]: run-to-run noise" in cal.stdout and "with repeats = " in cal.stdout
     data = json.loads((tmp_path / "reports" / "cal" / "calibration.json").read_text())
     found = data["pools"]["local"][0]
-    assert found["metric"] == "workload.step_time" and found["pairs"] == 2 and found["sigma"] >= 0
+    assert found["metric"] == "workload.step_time[clock=cpu]" and found["pairs"] == 2 and found["sigma"] >= 0
     assert round(found["recommended_tolerance"], 9) == 0.01 and found["recommended_repeats"] >= 2
     run = subprocess.run([sys.executable, "-m", "stackgate", "run", "--no-rollback", "--run-id", "gated", *common],
                          cwd=tmp_path, capture_output=True, text=True, timeout=900, check=False)
@@ -45,10 +47,14 @@ def test_calibrate_measures_noise_and_the_report_shows_the_gates_power(tmp_path:
         in run.stdout
     report = json.loads((tmp_path / "reports" / "gated" / "report.json").read_text())
     power = report["power"]
-    assert list(power) == ["local-cpu-cpu-torch2.13.0-py3.11-1x2 workload.step_time"]
-    assert power["local-cpu-cpu-torch2.13.0-py3.11-1x2 workload.step_time"]["repeats"] == 2
-    comparison = next(c for c in report["comparisons"] if c["metric"] == "workload.step_time")
-    assert comparison["gated"]
+    assert list(power) == ["local-cpu-cpu-torch2.13.0-py3.11-1x2 workload.step_time[clock=cpu]"]
+    assert power["local-cpu-cpu-torch2.13.0-py3.11-1x2 workload.step_time[clock=cpu]"]["repeats"] == 2
+    comparison = next(c for c in report["comparisons"] if c["metric"] == "workload.step_time[clock=cpu]")
+    assert comparison["gated"] and comparison["statistic"] == "t" and comparison["pairs"] == 2
+    wall = next(c for c in report["comparisons"] if c["metric"] == "workload.step_time")
+    assert not wall["gated"]
+    assert all("pressure" in json.loads(line)["environment"] for line in (tmp_path / "reports" / "gated" /
+                                                                          "results.jsonl").read_text().splitlines())
     results = [json.loads(line)["cell_id"] for line in (tmp_path / "reports" / "gated" / "results.jsonl")
                .read_text().splitlines()]
     assert results == ["prod-local-cpu-cpu-torch2.13.0-py3.11-1x2", "local-cpu-cpu-torch2.13.0-py3.11-1x2",

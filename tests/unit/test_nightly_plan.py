@@ -95,6 +95,10 @@ def test_step_outcomes() -> None:
     cand = CellResult("c", Role.CANDIDATE, Status.FAILED)
     assert bisect.step_outcome(0, []) == bisect.GOOD
     assert bisect.step_outcome(1, [cand]) == bisect.BAD
+    assert bisect.step_outcome(1, [cand], "NO-GO") == bisect.BAD
+    # INCONCLUSIVE exits 1 in gating mode too: a flaky failure never makes a date bad
+    assert bisect.step_outcome(1, [cand], "INCONCLUSIVE") == bisect.SKIP
+    assert bisect.step_outcome(1, [cand], "unknown") == bisect.SKIP
     assert bisect.step_outcome(1, [CellResult("c", Role.CANDIDATE, Status.BUILD_FAILED)]) == bisect.SKIP
     assert bisect.step_outcome(3, [CellResult("c", Role.CANDIDATE, Status.NO_BUILD)]) == bisect.SKIP
 

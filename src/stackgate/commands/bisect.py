@@ -94,15 +94,26 @@ def bounds(state: Bisect) -> tuple[str | None, str | None]:
     return (good[-1] if good else None), high
 
 
-def step_outcome(code: int, found: Iterable[CellResult]) -> str:
-    """good: GO; bad: NO-GO because a candidate's tests failed; anything else (a build that failed,
-    a guard, an infrastructure error, INCONCLUSIVE) says nothing about the regression: skip."""
+def step_outcome(code: int, found: Iterable[CellResult], decision: str = "") -> str:
+    """good: GO; bad: NO-GO (the gate's decision, not the exit code: INCONCLUSIVE exits 1 too) because
+    a candidate's tests failed, which the run confirmed by rerunning them (a failure that a rerun does
+    not repeat is flaky: INCONCLUSIVE); anything else (a build that failed, a guard, an infrastructure
+    error, INCONCLUSIVE) says nothing about the regression: skip."""
     candidates = [r for r in found if r.role is Role.CANDIDATE and r.phase == MAIN]
     if code == int(ExitCode.GO):
         return GOOD
-    if code == int(ExitCode.NO_GO) and candidates and all(r.status.ran_suite for r in candidates):
+    if (code == int(ExitCode.NO_GO) and decision in ("", "NO-GO") and candidates
+            and all(r.status.ran_suite for r in candidates)):
         return BAD
     return SKIP
+
+
+def _decision(run_dir: Path) -> str:
+    """The gate's decision of a finished step ("" when it wrote no report)."""
+    try:
+        return str(json.loads((run_dir / "report.json").read_text()).get("decision", ""))
+    except (OSError, ValueError):
+        return ""
 
 
 def selected(opts: Options, env: Mapping[str, str], version: str,
@@ -185,7 +196,7 @@ def _search(state: Bisect, home: Path, step_opts: Options, env: Mapping[str, str
         say(f"\n== bisect step {index}: {version} (run {run_id})")
         code = run(replace(step_opts, nightly_version=version, run_id=run_id, history=home / "history.sqlite"),
                    env, say)
-        outcome = step_outcome(code, results.read(home / run_id).values())
+        outcome = step_outcome(code, results.read(home / run_id).values(), _decision(home / run_id) or "unknown")
         state.steps.append(Step(version, run_id, outcome, code))
         say(f"== bisect step {index}: {version} is {outcome} (exit {code})")
         write(state, home)
