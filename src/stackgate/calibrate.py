@@ -4,15 +4,18 @@ gate need (tolerance, repeats) to detect a target change?
 A/A: the production stack's performance-gated tests run 2k times on this runner; consecutive runs
 form pairs (as production and candidate would in interleaved repeats), and the spread of the pairs'
 log ratios (of per-run summaries, as the metric's rule summarises runs) is its noise sigma. For a
-target change D that must be detected, and an allowed change A (< D) that must still pass, the gate
-can tell with 95% confidence and ~90% power when
+target change D that must be detected, and an allowed change A (< D) that must pass, the gate says
+NO-GO for D and OK (not merely "not NO-GO": INCONCLUSIVE is a red build too) for A, each with 95%
+confidence and ~90% power, when
 
-    tolerance = A   and   (t(confidence, n-1) + z(power)) * sigma / sqrt(n) <= D - A,
+    tolerance = (A + D) / 2   and   (t(confidence, n-1) + z(power)) * sigma / sqrt(n) <= (D - A) / 2,
 
-which gives the repeats n. A change of A or less is flagged at most (1 - confidence) / 2 of the time
-whatever sigma is (the interval's lower bound must clear the tolerance), so the tolerance sits at A:
-any higher and more repeats buy the same power. The result is stored per pool in the history, and
-reports show the gate's power (the smallest change it detects with the runs in use) from it.
+which gives the repeats n: D's interval must end above the tolerance, A's (and no change's) below it.
+A tolerance at A itself (this module's rule before #22) flags a change of A at most 2.5% of the time
+with fewer repeats, but leaves an A/A run INCONCLUSIVE most of the time: with its recommendation
+(tolerance 1%, 3 repeats) 15 of 20 A/A trials were INCONCLUSIVE here (docs/performance.md). The
+result is stored per pool in the history, and reports show the gate's power (the smallest change it
+detects with the runs in use) from it.
 """
 
 from __future__ import annotations
@@ -63,19 +66,21 @@ class Recommendation:
     tolerance: float
     repeats: int
     detects: float  # the change `repeats` detect: above the target when even the most allowed are not enough
+    allow: float = 0.0  # the change that passes as OK
 
     def describe(self, target: float) -> str:
-        text = (f"{self.metric}: run-to-run noise {self.sigma:.1%}; to detect {target:.1%} and pass "
-                f"{self.tolerance:.1%}: tolerance {self.tolerance:.1%} with repeats = {self.repeats}")
+        text = (f"{self.metric}: run-to-run noise {self.sigma:.1%}; to detect {target:.1%} and pass {self.allow:.1%} "
+                f"as OK: tolerance {self.tolerance:.1%} with repeats = {self.repeats}")
         if self.detects > target:
             text += f" (not enough: {self.repeats} repeats detect {self.detects:.1%}; use a quieter runner)"
         return text
 
 
 def recommend(found: Noise, target: float, allow: float, confidence: float = 0.95, most: int = 100) -> Recommendation:
-    """Tolerance and repeats that detect `target` (~90% power) while a change of `allow` passes."""
+    """Tolerance and repeats that detect `target` and pass a change of `allow` as OK (~90% power each)."""
     if not 0 <= allow < target:
         raise ValueError(f"allowed change {allow} must be below the target {target}")
-    tolerance = allow
+    tolerance = (allow + target) / 2
     n = next((n for n in range(2, most + 1) if detectable(found.sigma, n, tolerance, confidence) <= target), most)
-    return Recommendation(found.metric, found.sigma, tolerance, n, detectable(found.sigma, n, tolerance, confidence))
+    return Recommendation(found.metric, found.sigma, tolerance, n, detectable(found.sigma, n, tolerance, confidence),
+                          allow)

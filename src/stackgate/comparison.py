@@ -8,9 +8,9 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
-from stackgate import pressure, stats
+from stackgate import pressure, results, stats
 from stackgate.evidence import MetricComparison, ParityCheck
-from stackgate.model import Cell, CellResult, Metric, PhaseKind, Reason, Severity, repeat
+from stackgate.model import Cell, CellResult, Metric, PhaseKind, Reason, Severity
 from stackgate.policy import Policy
 
 
@@ -22,21 +22,12 @@ NOTABLE = 0.10  # interference worth naming in an INCONCLUSIVE's advice (a quiet
 Pair = tuple[CellResult, CellResult]  # (production, candidate): one run of each, side by side
 
 
-def repeat_pairs(cand: Cell, base: Cell, results: Mapping[str, CellResult]) -> list[Pair]:
+def repeat_pairs(cand: Cell, base: Cell, recorded: Mapping[str, CellResult]) -> list[Pair]:
     """The interleaved repeats of the performance-gated tests: (production, candidate) run r, for each
     round both ran (a round made for another pair of the same production cell has no partner here)."""
-    pairs = []
-    for r in range(1, last_round(results) + 1):
-        b, c = results.get(base.result_id(repeat(r))), results.get(cand.result_id(repeat(r)))
-        if b is not None and c is not None and b.status.ran_suite and c.status.ran_suite:
-            pairs.append((b, c))
-    return pairs
-
-
-def last_round(results: Mapping[str, CellResult]) -> int:
-    """The highest repeat round recorded in the run (0: none)."""
-    rounds = [r.phase.round for r in results.values() if r.phase.kind is PhaseKind.REPEAT]
-    return max(rounds, default=0)
+    theirs = results.rounds(recorded, base, PhaseKind.REPEAT)
+    mine = results.rounds(recorded, cand, PhaseKind.REPEAT)
+    return [(theirs[r], c) for r, c in mine.items() if r in theirs and theirs[r].status.ran_suite and c.status.ran_suite]
 
 
 def interference(result: CellResult) -> float | None:
@@ -63,8 +54,8 @@ def _run_name(result: CellResult) -> str:
 def _pressure_seen(kept: Sequence[Pair], dropped: Sequence[Pair], limit: float) -> str:
     """What the runner's interference was, for an INCONCLUSIVE's advice."""
     sides = []
-    for i, side in enumerate(("candidate", "production")):
-        seen = [x for pair in kept if (x := interference(pair[1 - i])) is not None]
+    for side, index in (("candidate", 1), ("production", 0)):
+        seen = [x for pair in kept if (x := interference(pair[index])) is not None]
         if seen:
             busy = sum(x > NOTABLE for x in seen)
             sides.append(f"{side} up to {max(seen):.0%}" + (f" (above {NOTABLE:.0%} in {busy} of {len(seen)} runs)"
@@ -87,15 +78,15 @@ def _dropped_note(cand: Cell, pairs: Sequence[Pair], dropped: Sequence[Pair], li
                   kind="pressure-discarded")
 
 
-def unsettled(cand: Cell, base: Cell, results: Mapping[str, CellResult], policy: Policy) -> dict[str, str]:
+def unsettled(cand: Cell, base: Cell, recorded: Mapping[str, CellResult], policy: Policy) -> dict[str, str]:
     """The gated, sampled metrics of a candidate that the runs so far cannot settle, each with why:
     an interval that straddles the tolerance, or a regression seen over fewer than the policy's
     `confirm_repeats` runs (the steps of one run are blind to run-to-run noise, so one run never
     makes a performance NO-GO when confirmation is on). Metric key -> why."""
-    cres, bres = results.get(cand.id), results.get(base.id)
+    cres, bres = recorded.get(cand.id), recorded.get(base.id)
     if cres is None or bres is None or not (cres.status.ran_suite and bres.status.ran_suite):
         return {}
-    pairs = repeat_pairs(cand, base, results)
+    pairs = repeat_pairs(cand, base, recorded)
     runs = 1 + len(pairs)
     comparisons, _, _ = compare_pair(cand, base, cres, bres, policy, Severity.INFO, repeats=pairs)
     out = {}
@@ -121,8 +112,8 @@ def _runs(key: str, pairs: Sequence[Pair]) -> tuple[list[tuple[float, ...]], lis
 
 
 def compare_pair(cand: Cell, base: Cell, cres: CellResult, bres: CellResult, policy: Policy,
-             missing: Severity, repeats: Sequence[tuple[CellResult, CellResult]] = ()
-             ) -> tuple[list[MetricComparison], list[ParityCheck], list[Reason]]:
+                 missing: Severity, repeats: Sequence[Pair] = ()
+                 ) -> tuple[list[MetricComparison], list[ParityCheck], list[Reason]]:
     comparisons, parity, reasons = [], [], []
     bmetrics, cmetrics = _metric_index(bres), _metric_index(cres)
     limit = policy.max_pressure

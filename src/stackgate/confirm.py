@@ -7,22 +7,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from stackgate.model import Cell, CellResult, Outcome, rerun
+from stackgate import results
+from stackgate.model import Cell, CellResult, Outcome, PhaseKind
 
 
 def is_failure(outcome: str) -> bool:
     return outcome in ("failed", "error")
 
 
-def reruns(cell: Cell, results: Mapping[str, CellResult]) -> list[CellResult]:
-    """The cell's reruns of its new failures (or its candidate's), round 1, 2, ... while recorded."""
-    out = []
-    for r in range(1, 100):
-        found = results.get(cell.result_id(rerun(r)))
-        if found is None:
-            break
-        out.append(found)
-    return out
+def reruns(cell: Cell, recorded: Mapping[str, CellResult]) -> list[CellResult]:
+    """The cell's reruns of its new failures (or its candidate's), in round order."""
+    return list(results.rounds(recorded, cell, PhaseKind.RERUN).values())
 
 
 def _outcomes(name: str, runs: Sequence[CellResult]) -> list[str]:

@@ -287,8 +287,9 @@ class Options:
                                            "(default stacks.json)", commands=BUILD_RUN, metavar="FILE")
     runs: int = opt(6, _aa_runs, "A/A runs (pairs are consecutive runs; default 6)", commands=CALIBRATE)
     target: float = opt(0.05, _fraction, "the change to detect (default 0.05 = 5%%)", commands=CALIBRATE)
-    allow: float | None = opt(None, _share, "the change that must still pass: the recommended tolerance (default a "
-                                            "fifth of the target: 0.01 for 0.05)", commands=CALIBRATE)
+    allow: float | None = opt(None, _share, "the change that must still pass as OK: the recommended tolerance is "
+                                            "halfway to the target (default a fifth of the target: 0.01 for 0.05)",
+                              commands=CALIBRATE)
     sources: Mapping[str, str] = field(default_factory=dict, metadata={"internal": True})
 
     def describe(self) -> dict[str, dict[str, object]]:

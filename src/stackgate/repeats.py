@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping, Sequence
 
-from stackgate import comparison
+from stackgate import comparison, results
 from stackgate.confirm import is_failure
-from stackgate.model import ROLLBACK, Cell, CellResult, Phase, Role, repeat
+from stackgate.model import ROLLBACK, Cell, CellResult, Phase, PhaseKind, Role, repeat
 from stackgate.policy import Policy
 from stackgate.runner import Attempt
 
@@ -99,7 +99,7 @@ def new_failures(pairs: Sequence[Cell], finished: Mapping[str, CellResult]) -> S
 def next_round(finished: Mapping[str, CellResult]) -> int:
     """The number of the next repeat round: after every round recorded (each pair's runs keep one
     number per round, whichever pairs it was made for)."""
-    return comparison.last_round(finished) + 1
+    return results.last_round(finished, PhaseKind.REPEAT) + 1
 
 
 def short_of_quiet_runs(pairs: Sequence[Cell], by_id: Mapping[str, Cell], finished: Mapping[str, CellResult],

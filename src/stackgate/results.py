@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from stackgate.errors import ConfigError, disk_full
-from stackgate.model import CellResult, Role, Status
+from stackgate.model import Cell, CellResult, Phase, PhaseKind, Role, Status
 
 RESULTS = "results.jsonl"
 TORN = "results.jsonl.torn"
@@ -106,6 +106,18 @@ def kept(recorded: Mapping[str, CellResult], result_id: str) -> CellResult | Non
     (an infra or host error, no nightly build), so it is run again."""
     found = recorded.get(result_id)
     return found if found is not None and not found.status.is_machinery else None
+
+
+def last_round(recorded: Mapping[str, CellResult], kind: PhaseKind) -> int:
+    """The highest round of a phase recorded in the run (0: none)."""
+    return max((r.phase.round for r in recorded.values() if r.phase.kind is kind), default=0)
+
+
+def rounds(recorded: Mapping[str, CellResult], cell: Cell, kind: PhaseKind) -> dict[int, CellResult]:
+    """The cell's results in the rounds of one phase (repeats, reruns), by round: every round recorded
+    in the run, whether or not this cell took part in all of them."""
+    found = {r: recorded.get(cell.result_id(Phase(kind, r))) for r in range(1, last_round(recorded, kind) + 1)}
+    return {r: result for r, result in found.items() if result is not None}
 
 
 def resume_dir(reports: Path, run_id: str) -> Path:

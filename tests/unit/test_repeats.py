@@ -91,11 +91,15 @@ def test_calibration_arithmetic() -> None:
     logs = [math.log(1.02), math.log(0.98), math.log(1.01), math.log(0.99)]
     assert found.sigma == pytest.approx(math.sqrt(sum(x * x for x in logs) / 3 - sum(logs) ** 2 / 12), rel=1e-9)
     rec = calibrate.recommend(found, target=0.05, allow=0.01)
-    assert rec.tolerance == 0.01  # the allowed change: a higher tolerance only needs more repeats
+    assert rec.tolerance == pytest.approx(0.03)  # halfway: 5% must end above it, 1% (and 0%) below it
     assert calibrate.detectable(found.sigma, rec.repeats, rec.tolerance) <= 0.05  # enough repeats ...
     assert calibrate.detectable(found.sigma, rec.repeats - 1, rec.tolerance) > 0.05  # ... and no more
+    # the allowed change passes as OK with the same power: its interval's upper end stays below the tolerance
+    margin = calibrate.detectable(found.sigma, rec.repeats, rec.tolerance) - rec.tolerance
+    assert 0.01 + margin <= rec.tolerance
+    assert "to detect 5.0% and pass 1.0% as OK: tolerance 3.0%" in rec.describe(0.05)
     wider = calibrate.recommend(found, target=0.05, allow=0.025)
-    assert wider.tolerance == 0.025 and wider.repeats > rec.repeats
+    assert wider.tolerance == pytest.approx(0.0375) and wider.repeats > rec.repeats
     assert "not enough" not in rec.describe(0.05)
     loud = calibrate.recommend(calibrate.Noise("x", 0.3, 10), target=0.05, allow=0.01)
     assert loud.repeats == 100 and loud.detects > 0.05 and "not enough: 100 repeats detect" in loud.describe(0.05)

@@ -165,7 +165,7 @@ def attempt_all(runner: Runner, cells: Sequence[Cell], policy: Policy, *, rollba
                 f"({repeats.listed(select)})")
         runner.run(repeats.repeat_attempts(ordered, by_id, select, range(1, policy.repeats)))
     replaced: dict[str, int] = {}  # candidate id -> rounds made to replace runs taken under interference
-    budget = policy.pressure_reruns - _quiet_runs(runner, ordered, pairs, policy, replaced, policy.pressure_reruns)
+    made = _quiet_runs(runner, ordered, pairs, policy, replaced, policy.pressure_reruns)
     finished = results.read(runner.ctx.run_dir)
     if pairs and policy.confirm_repeats > policy.repeats:
         select, why = repeats.unsettled(pairs, by_id, finished, policy)
@@ -175,9 +175,9 @@ def attempt_all(runner: Runner, cells: Sequence[Cell], policy: Policy, *, rollba
             for cell_id, metrics in sorted(why.items()):
                 for key, reason in sorted(metrics.items()):
                     say(f"  {cell_id} {key}: {reason}")
-            first = repeats.next_round(finished)
+            first = policy.repeats + made  # (the same rounds again on --resume: those recorded are kept)
             runner.run(repeats.repeat_attempts(ordered, by_id, select,
                                                range(first, first + policy.confirm_repeats - policy.repeats)))
-            _quiet_runs(runner, ordered, pairs, policy, replaced, budget)
+            _quiet_runs(runner, ordered, pairs, policy, replaced, policy.pressure_reruns - made)
     if rollback:  # production reads what each candidate that ran its suite wrote
         runner.run(repeats.rollbacks(ordered, by_id, results.read(runner.ctx.run_dir)))
