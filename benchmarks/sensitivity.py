@@ -106,6 +106,12 @@ def _read(work: Path, run_id: str, proc: subprocess.CompletedProcess[str]) -> tu
                  if r["severity"] == "inconclusive")
     change = next((c["change"] for c in data["comparisons"] if c["metric"].startswith("workload.step_time")
                    and c["gated"]), None)
+    rows = [json.loads(line) for line in (work / run_id / "results.jsonl").read_text().splitlines() if line.strip()]
+    seen = [p["interference"] for r in rows if (p := r.get("environment", {}).get("pressure"))
+            and p.get("interference") is not None]
+    dropped = sum(r["kind"] == "pressure-discarded" for r in data["reasons"])
+    print(f"  {len(rows)} runs, interference {min(seen, default=0):.0%}-{max(seen, default=0):.0%}"
+          f"{', pairs dropped for it' if dropped else ''}", flush=True)
     return flagged, unsure, change
 
 
