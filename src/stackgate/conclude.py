@@ -14,7 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from stackgate import bundle, errors, gate, history, matrix, results
+from stackgate import bundle, errors, gate, history, matrix, osv, results, supply
 from stackgate.console import Printer
 from stackgate.errors import ConfigError, ExitCode
 from stackgate.evidence import GateOutcome
@@ -33,14 +33,17 @@ def decide_and_report(opts: Options, env: Mapping[str, str], loaded: Loaded, cho
     read = results.read_all(run_dir)
     all_results = read.results
     bundle.record_stacks(run_dir, all_results)
+    database = loaded.policy.supply.database
+    scans = supply.scan(chosen.cells, all_results, osv.load(database) if database is not None else None)
     outcome = gate.decide(chosen.cells, chosen.not_here, all_results, loaded.policy, dt.date.today(),
-                          (*read.problems, *extra_problems))
+                          (*read.problems, *extra_problems), scans)
     report = RunReport(
         run_id=run_id, matrix=loaded.spec.name, channel=loaded.spec.channel, started=started, finished=now(),
         gate=outcome, gating_exit_code=loaded.policy.inconclusive_exit_code, cells=chosen.cells,
         results=all_results, not_here=chosen.not_here, pruned=chosen.pruned,
         diffs=stack_diffs(chosen.cells, all_results), options=opts.describe(),
         trends={}, host_probe=_manifest_probe(run_dir), power=_power(opts, loaded, outcome, chosen.cells),
+        vuln_db=str(database or ""),
     )
     code = exit_code(report)
     history_error = None
@@ -71,8 +74,24 @@ def decide_and_report(opts: Options, env: Mapping[str, str], loaded: Loaded, cho
             say(f"  - {k.cell} {k.test}: candidate {k.candidate[:120]}; production {k.production[:120]}")
         if len(known) > 5:
             say(f"  ... and {len(known) - 5} more in report.md")
+    for line in supply_lines(outcome, str(database or "")):
+        say(line)
     say(f"reports: {run_dir}/report.md report.json junit.xml report.html")
     return code, history_error
+
+
+def supply_lines(outcome: GateOutcome, database: str) -> list[str]:
+    """One line per candidate stack's scan: what was found, or that it was not scanned."""
+    out = []
+    for pair in outcome.evidence.supply:
+        scan = pair.candidate
+        if not scan.scanned:
+            out.append(f"vulnerabilities: {scan.stack} not scanned ({scan.why_not})")
+            continue
+        out.append(f"vulnerabilities: {scan.stack} against {database}: {len(scan.findings)} finding(s) "
+                   f"({len(pair.inherited)} inherited, {len(pair.added)} added, {len(pair.removed)} fixed by the "
+                   f"upgrade)")
+    return out
 
 
 def _power(opts: Options, loaded: Loaded, outcome: GateOutcome, cells: Sequence[Cell]) -> dict[str, Any]:

@@ -4,9 +4,13 @@ the candidate's new warnings, and the failures that were there before the upgrad
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from stackgate import stats
 from stackgate.model import Verdict
+
+if TYPE_CHECKING:
+    from stackgate.supply import PairScan
 
 
 @dataclass(frozen=True)
@@ -47,6 +51,7 @@ class Evidence:
     parity: tuple[ParityCheck, ...] = ()
     new_warnings: dict[str, tuple[str, ...]] = field(default_factory=dict)
     preexisting: tuple[Preexisting, ...] = ()
+    supply: tuple[PairScan, ...] = ()  # each candidate stack's supply chain beside production's
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ import fnmatch
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
+from stackgate import supply as supply_chain
 from stackgate.comparison import compare_pair, repeat_pairs
 from stackgate.confirm import confirmation, is_failure, reruns
 from stackgate.evidence import Evidence, GateOutcome, MetricComparison, ParityCheck, Preexisting
@@ -26,7 +27,7 @@ from stackgate.model import (
     TestOutcome,
     Verdict,
 )
-from stackgate.policy import Policy
+from stackgate.policy import Policy, Waiver
 
 
 def _matches(name: str, globs: Sequence[str]) -> bool:
@@ -34,10 +35,12 @@ def _matches(name: str, globs: Sequence[str]) -> bool:
 
 
 def decide(cells: Sequence[Cell], not_here: Sequence[NotHere], results: Mapping[str, CellResult],
-           policy: Policy, today: dt.date, problems: Sequence[str] = ()) -> GateOutcome:
+           policy: Policy, today: dt.date, problems: Sequence[str] = (),
+           supply: Sequence[supply_chain.PairScan] = ()) -> GateOutcome:
     """Absence is evidence of nothing: every required cell, required test, gated metric and
     production partner either gives a decision or an INCONCLUSIVE reason naming what is missing.
-    `problems` are results lines that could not be read: each makes the verdict INCONCLUSIVE."""
+    `problems` are results lines that could not be read: each makes the verdict INCONCLUSIVE.
+    `supply`: each candidate stack's supply chain beside production's (`supply.scan`)."""
     reasons: list[Reason] = [Reason(Severity.INCONCLUSIVE, problem, kind="bad-record") for problem in problems]
     by_id: dict[str, Cell] = {c.id: c for c in cells}
     required = {c.id for c in cells if c.required}  # resolved once (matrix globs and policy) before the gate
@@ -107,6 +110,7 @@ def decide(cells: Sequence[Cell], not_here: Sequence[NotHere], results: Mapping[
                 reasons.append(Reason(Severity.INFO, f"new in candidate (upgrade work item): {w}", cell=cand.id,
                                       kind="new-warning"))
 
+    reasons += supply_chain.reasons(supply, policy.supply)
     reasons = _apply_waivers(reasons, policy, today)
     if any(r.severity is Severity.BLOCKING for r in reasons):
         decision = Decision.NO_GO
@@ -117,7 +121,7 @@ def decide(cells: Sequence[Cell], not_here: Sequence[NotHere], results: Mapping[
     order = {Severity.BLOCKING: 0, Severity.INCONCLUSIVE: 1, Severity.WAIVED: 2, Severity.INFO: 3}
     reasons.sort(key=lambda r: (order[r.severity], r.cell, r.test))
     return GateOutcome(Verdict(decision, tuple(reasons)),
-                       Evidence(tuple(comparisons), tuple(parity), new_warnings, tuple(preexisting)))
+                       Evidence(tuple(comparisons), tuple(parity), new_warnings, tuple(preexisting), tuple(supply)))
 
 
 def _ran_pair(cand: Cell, results: Mapping[str, CellResult]) -> bool:
@@ -289,23 +293,35 @@ def _same_tests(cand: Cell, cres: CellResult, bres: CellResult) -> list[Reason]:
 
 
 def _apply_waivers(reasons: list[Reason], policy: Policy, today: dt.date) -> list[Reason]:
+    """A waiver (or allow-list entry) in date turns a deciding reason WAIVED; past its date it no longer
+    counts, said once: INFO for a waiver, BLOCKING for an allow-list entry (its review is due)."""
     out: list[Reason] = []
     flagged: set[int] = set()
     for reason in reasons:
         if reason.severity not in (Severity.BLOCKING, Severity.INCONCLUSIVE):
             out.append(reason)
             continue
-        waiver = next((w for w in policy.waivers if w.matches(reason.cell, reason.test)), None)
+        waiver = next((w for w in policy.waivers if w.covers(reason)), None)
         if waiver is None:
             out.append(reason)
         elif waiver.expires < today:
             out.append(reason)
             if id(waiver) not in flagged:
                 flagged.add(id(waiver))
-                out.append(Reason(Severity.INFO, f"waiver expired on {waiver.expires} and no longer counts: "
-                                  f"{waiver.reason} {waiver.link}".strip(), cell=reason.cell, kind="waiver-expired"))
+                out.append(_expired(waiver, reason))
         else:
             out.append(replace(reason, severity=Severity.WAIVED,
-                               message=f"{reason.message} -- waived until {waiver.expires}: {waiver.reason} "
-                                       f"{waiver.link}".strip()))
+                               message=f"{reason.message} -- {'allowed' if waiver.advisory else 'waived'} until "
+                                       f"{waiver.expires}: {waiver.reason} {waiver.link}".strip()))
     return out
+
+
+def _expired(waiver: Waiver, reason: Reason) -> Reason:
+    if not waiver.advisory:
+        return Reason(Severity.INFO, f"waiver expired on {waiver.expires} and no longer counts: "
+                      f"{waiver.reason} {waiver.link}".strip(), cell=reason.cell, kind="waiver-expired")
+    where = f" (policy line {waiver.line})" if waiver.line else ""
+    return Reason(Severity.BLOCKING, f"allow-list entry for {waiver.advisory}{where} was due for review on "
+                  f"{waiver.expires} and no longer counts: review it (a new review_by, or remove it and fix the "
+                  f"package); it said: {waiver.reason}", cell=reason.cell, kind="allow-expired",
+                  subject=reason.subject)

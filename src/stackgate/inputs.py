@@ -12,7 +12,7 @@ from typing import Any
 
 from packaging.version import Version
 
-from stackgate import bundle, fleet, matrix, sources, suite_deps
+from stackgate import bundle, fleet, matrix, osv, sources, suite_deps
 from stackgate import compat as compat_mod
 from stackgate import given as given_mod
 from stackgate.console import Printer
@@ -56,6 +56,10 @@ def load(opts: Options, env: Mapping[str, str], local: fleet.LocalHost) -> Loade
         policy = replace(policy, repeats=opts.repeats)
     if opts.confirm_repeats is not None:
         policy = replace(policy, confirm_repeats=opts.confirm_repeats)
+    if opts.vuln_db is not None:
+        policy = replace(policy, supply=replace(policy.supply, database=opts.vuln_db))
+    if policy.supply.database is not None:
+        osv.load(policy.supply.database)  # a database that cannot be read is exit 2 before anything runs
     source = spec.source
     if opts.index_url or opts.find_links or opts.extra_index_url:
         source = replace(source, index_url=opts.index_url or source.index_url,

@@ -429,10 +429,11 @@ class Reason:
     cell: str = ""
     test: str = ""
     kind: str = ""  # stable machine-readable category: failed-test, regression, numerics, ...
+    subject: tuple[tuple[str, str], ...] = ()  # (key, value) beyond cell and test: a finding's advisory, ...
 
     def to_json(self) -> dict[str, Any]:
         return {"severity": self.severity.value, "kind": self.kind, "cell": self.cell, "test": self.test,
-                "message": self.message}
+                "message": self.message, **({"subject": dict(self.subject)} if self.subject else {})}
 
 
 @dataclass(frozen=True)

@@ -194,6 +194,10 @@ class Options:
                                        "data)", commands=(*RUN_MERGE, *SHOW, "build", "promote"))
     policy: Path | None = opt(None, _path, "gate policy file (default: the suite's stackgate-policy.toml, else "
                                            "<config-dir>/policy.toml for the bundled suite)", commands=RUN_MERGE)
+    vuln_db: Path | None = opt(None, _path, "OSV database on disk (a directory of OSV JSON records or the OSV "
+                                            "export's all.zip files) to scan each stack's SBOM against (default: the "
+                                            "policy's [vulnerabilities] database; none: not scanned)",
+                               commands=RUN_MERGE)
     backend: BackendName = opt("auto", _backend, "how stacks are built and cells run")
     launcher: LauncherName = opt("pool", _launcher, "how cells start: as each pool says in fleet.toml "
                                                                     "(pool), on this machine (local), or as Slurm "

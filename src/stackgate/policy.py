@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from stackgate import tomlfile
+from stackgate.model import Reason
 
 SUITE_POLICY = "stackgate-policy.toml"
 METHODS = ("bootstrap", "threshold")
@@ -66,8 +67,33 @@ class Waiver:
     expires: dt.date
     line: int | None
 
-    def matches(self, cell: str, test: str) -> bool:
-        return fnmatch.fnmatchcase(cell, self.cells) and fnmatch.fnmatchcase(test or "", self.tests)
+    # an allow-list entry of [vulnerabilities]: `advisory` (an id or alias) and package/stack globs; past
+    # its `review_by` (`expires`) it stops counting and is itself a blocking reason
+    advisory: str = ""
+    package: str = "*"
+    stacks: str = "*"
+
+    def covers(self, reason: Reason) -> bool:
+        if not self.advisory:
+            return fnmatch.fnmatchcase(reason.cell, self.cells) and fnmatch.fnmatchcase(reason.test or "", self.tests)
+        about = dict(reason.subject)
+        names = {about.get("advisory", ""), *about.get("aliases", "").split()}
+        return (reason.kind.startswith("vulnerability") and self.advisory in names
+                and fnmatch.fnmatchcase(about.get("package", ""), self.package)
+                and fnmatch.fnmatchcase(about.get("stack", ""), self.stacks))
+
+
+@dataclass(frozen=True)
+class SupplyRules:
+    """[vulnerabilities] and [size]: what of a stack's supply chain blocks a rollout."""
+
+    database: Path | None = None  # an OSV database on disk (`--vuln-db` overrides)
+    threshold: str = "HIGH"  # a finding at or above it, with a fixed version, new in the candidate: NO-GO
+    inherited: FlakyRule = "go"  # such a finding in production too: listed ("go"), "inconclusive" or "no-go"
+    unrated: Literal["list", "block"] = "list"  # a finding no record rates: listed, or counted as at the threshold
+    max_growth: float = 0.10  # the candidate's image (or environment) may grow this share over production's...
+    max_growth_bytes: int = 500_000_000  # ... and at most this many bytes
+    size_over: Literal["no-go", "inconclusive"] = "no-go"
 
 
 @dataclass(frozen=True)
@@ -105,6 +131,7 @@ class Policy:
     performance: tuple[MetricRule, ...] = ()
     numerics: tuple[NumericsRule, ...] = ()
     waivers: tuple[Waiver, ...] = ()
+    supply: SupplyRules = SupplyRules()
 
     def metric_rule(self, name: str, tags: dict[str, str], device: str) -> MetricRule | None:
         return next((r for r in self.performance if r.applies(name, tags, device)), None)
@@ -116,7 +143,7 @@ class Policy:
 def load_policy(path: Path) -> Policy:
     doc = tomlfile.load(path)
     d = doc.data
-    tomlfile.check_keys(doc, d, ["gate", "required", "performance", "numerics", "waiver"])
+    tomlfile.check_keys(doc, d, ["gate", "required", "performance", "numerics", "waiver", "vulnerabilities", "size"])
     gate = tomlfile.get(doc, d, "gate", dict, default={})
     tomlfile.check_keys(doc, gate, ["inconclusive_exit_code", "preexisting_failures", "confirm_failures",
                                      "flaky_failures"], "gate")
@@ -170,13 +197,7 @@ def load_policy(path: Path) -> Policy:
     waivers = []
     for index, row in enumerate(tomlfile.get(doc, d, "waiver", list, default=[])):
         tomlfile.check_keys(doc, row, ["cells", "tests", "reason", "link", "expires"], "waiver")
-        expires: Any = tomlfile.get(doc, row, "expires", (dt.date, str), "waiver")
-        if isinstance(expires, str):
-            try:
-                expires = dt.date.fromisoformat(expires)
-            except ValueError:
-                raise doc.error(f"waiver 'expires' must be a date (YYYY-MM-DD), got {expires!r}", "waiver",
-                                "expires") from None
+        expires = _date(doc, row, "expires", "waiver")
         reason = tomlfile.get(doc, row, "reason", str, "waiver")
         waivers.append(Waiver(
             cells=tomlfile.get(doc, row, "cells", str, "waiver", default="*"),
@@ -186,6 +207,7 @@ def load_policy(path: Path) -> Policy:
             expires=expires,
             line=_nth(doc, "[[waiver]]", index),
         ))
+    supply, allowed = _supply(doc, path)
     confidence = _in_range(doc, perf, "confidence", 0.5, 0.9999, "performance", default=0.95)
     exit_code = int(_in_range(doc, gate, "inconclusive_exit_code", 0, 1, "gate", default=1, kind=int))
     return Policy(
@@ -210,8 +232,58 @@ def load_policy(path: Path) -> Policy:
         pressure_reruns=int(_in_range(doc, perf, "pressure_reruns", 0, 20, "performance", default=3, kind=int)),
         performance=tuple(rules),
         numerics=tuple(numerics),
-        waivers=tuple(waivers),
+        waivers=tuple(waivers) + allowed,
+        supply=supply,
     )
+
+
+def _date(doc: tomlfile.Doc, row: dict[str, Any], key: str, *where: str) -> dt.date:
+    value: Any = tomlfile.get(doc, row, key, (dt.date, str), *where)
+    if isinstance(value, str):
+        try:
+            value = dt.date.fromisoformat(value)
+        except ValueError:
+            raise doc.error(f"'{key}' must be a date (YYYY-MM-DD), got {value!r}", *where, key) from None
+    return value  # type: ignore[no-any-return]
+
+
+def _choice(doc: tomlfile.Doc, table: dict[str, Any], key: str, choices: tuple[str, ...], default: str,
+            *where: str) -> str:
+    value = tomlfile.get(doc, table, key, str, *where, default=default)
+    if value not in choices:
+        raise doc.error(f"{key} = {value!r}", *where, key, hint="use one of: " + ", ".join(f'"{c}"' for c in choices))
+    return str(value)
+
+
+def _supply(doc: tomlfile.Doc, path: Path) -> tuple[SupplyRules, tuple[Waiver, ...]]:
+    """[vulnerabilities] (database, threshold, inherited, unrated, [[vulnerabilities.allow]]) and [size]."""
+    vuln = tomlfile.get(doc, doc.data, "vulnerabilities", dict, default={})
+    tomlfile.check_keys(doc, vuln, ["database", "threshold", "inherited", "unrated", "allow"], "vulnerabilities")
+    database = tomlfile.get(doc, vuln, "database", str, "vulnerabilities", default="")
+    threshold = _choice(doc, vuln, "threshold", ("LOW", "MODERATE", "HIGH", "CRITICAL"), "HIGH", "vulnerabilities")
+    allowed = []
+    for index, row in enumerate(tomlfile.get(doc, vuln, "allow", list, "vulnerabilities", default=[])):
+        where = ("vulnerabilities", "allow")
+        tomlfile.check_keys(doc, row, ["id", "package", "stacks", "reason", "review_by", "link"], *where)
+        allowed.append(Waiver(cells="*", tests="*", reason=tomlfile.get(doc, row, "reason", str, *where),
+                              link=tomlfile.get(doc, row, "link", str, *where, default=""),
+                              expires=_date(doc, row, "review_by", *where), line=_nth(doc, "[[vulnerabilities.allow]]", index),
+                              advisory=tomlfile.get(doc, row, "id", str, *where),
+                              package=tomlfile.get(doc, row, "package", str, *where, default="*"),
+                              stacks=tomlfile.get(doc, row, "stacks", str, *where, default="*")))
+    size = tomlfile.get(doc, doc.data, "size", dict, default={})
+    tomlfile.check_keys(doc, size, ["max_growth", "max_growth_mb", "over"], "size")
+    rules = SupplyRules(
+        database=(path.parent / database) if database else None,
+        threshold=threshold,
+        inherited=next(f for f in FLAKY if f == _choice(doc, vuln, "inherited", FLAKY, "go", "vulnerabilities")),
+        unrated="block" if _choice(doc, vuln, "unrated", ("list", "block"), "list", "vulnerabilities") == "block"
+        else "list",
+        max_growth=_in_range(doc, size, "max_growth", 0.0, None, "size", default=0.10),
+        max_growth_bytes=int(_in_range(doc, size, "max_growth_mb", 0.0, None, "size", default=500.0) * 1_000_000),
+        size_over="inconclusive" if _choice(doc, size, "over", ("no-go", "inconclusive"), "no-go", "size")
+        == "inconclusive" else "no-go")
+    return rules, tuple(allowed)
 
 
 def _in_range(doc: tomlfile.Doc, table: dict[str, Any], key: str, low: float, high: float | None, *where: str,

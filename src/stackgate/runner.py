@@ -207,6 +207,9 @@ class Runner:
         if handle.sbom.get("packages"):  # the stack's own SBOM, as its backend recorded it (what a promotion locks)
             environment["stack_packages"] = handle.sbom["packages"]
             environment.setdefault("packages", handle.sbom["packages"])
+        for key, into in (("os_packages", "os_packages"), ("os_release", "os_release"), ("size", "image_size")):
+            if handle.sbom.get(key):  # an image's OS packages and size: the supply chain's evidence (supply.py)
+                environment[into] = handle.sbom[key]  # type: ignore[literal-required]
         if ctx.suite_deps:
             environment["suite_requirements"] = ctx.suite_deps
         result = ctx.mask.result(replace(result, environment=environment))

@@ -7,10 +7,11 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 import pytest
 
-from stackgate import fleet, gate, selftest, shipped
+from stackgate import fleet, gate, osv, selftest, shipped, supply
 from stackgate.model import ROLLBACK, Cell, CellResult, Decision, NotHere, Severity, Status, TestOutcome, rerun
 from stackgate.policy import Policy, Waiver, load_policy
 
@@ -27,6 +28,7 @@ class Situation:
     not_here: list[NotHere] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     policy: Policy = POLICY
+    db: osv.Database | None = None  # the vulnerability database the stacks are scanned against
 
     @property
     def prod(self) -> Cell:
@@ -358,6 +360,92 @@ def r_no_candidate(s: Situation) -> None:
     del s.results[cand.id]
 
 
+OSV_DB = Path(__file__).resolve().parents[1] / "data" / "osv"  # real OSV records (tests/data/osv/README.md)
+BASE = ["filelock==4.3.1", "Jinja2==3.1.6", "setuptools==84.2.1", "pip==25.3"]
+TAR = "tar==1.34+dfsg-1.2+deb12u1"  # the bootstrapped bookworm base's
+
+
+def _stack(s: Situation, cell: Cell, torch: str, extra: tuple[str, ...] = (), os_packages: tuple[str, ...] = (),
+           **environment: object) -> None:
+    """The SBOM (and sizes) `cell` recorded, and the real OSV records to scan it against."""
+    s.db = osv.load(OSV_DB)
+    s.edit(cell, lambda r: replace(r, environment={**r.environment, "stack_packages": [*BASE, f"torch=={torch}", *extra],
+                                                   "os_release": "Debian:12", "os_packages": list(os_packages),
+                                                   **environment}))
+
+
+def r_candidate_adds_a_fixable_critical_vulnerability(s: Situation) -> None:
+    _stack(s, s.prod, "2.6.0")
+    _stack(s, s.cand, "2.5.1")  # torch.load weights_only RCE, fixed in 2.6.0
+
+
+def r_vulnerability_fixed_by_the_upgrade(s: Situation) -> None:
+    _stack(s, s.prod, "2.5.1")
+    _stack(s, s.cand, "2.6.0")
+
+
+def r_vulnerability_inherited_from_production(s: Situation) -> None:
+    _stack(s, s.prod, "2.5.1")
+    _stack(s, s.cand, "2.5.1+cu124")
+
+
+def r_vulnerability_inherited_and_the_policy_blocks_it(s: Situation) -> None:
+    r_vulnerability_inherited_from_production(s)
+    s.policy = replace(s.policy, supply=replace(s.policy.supply, inherited="no-go"))
+
+
+def _allow(review_by: dt.date) -> Waiver:
+    return Waiver("*", "*", "weights come only from our own checkpoints", "", review_by, 12,
+                  advisory="CVE-2025-32434", package="torch", stacks="*")
+
+
+def r_allow_listed_vulnerability_before_its_review(s: Situation) -> None:
+    r_candidate_adds_a_fixable_critical_vulnerability(s)
+    s.policy = replace(s.policy, waivers=(_allow(TODAY + dt.timedelta(days=30)),))
+
+
+def r_allow_listed_vulnerability_past_its_review(s: Situation) -> None:
+    r_candidate_adds_a_fixable_critical_vulnerability(s)
+    s.policy = replace(s.policy, waivers=(_allow(TODAY - dt.timedelta(days=1)),))
+
+
+def r_vulnerability_without_a_fix(s: Situation) -> None:
+    _stack(s, s.prod, "2.6.0")
+    _stack(s, s.cand, "2.6.0", os_packages=(TAR,))  # every tar, no fix published: listed, never blocking
+
+
+def r_vulnerability_below_the_threshold(s: Situation) -> None:
+    _stack(s, s.prod, "2.6.0")
+    _stack(s, s.cand, "2.6.0", extra=("pip==23.0.1",))  # MODERATE, fixed in 23.3
+
+
+def r_unrated_fixable_debian_advisory_the_policy_counts(s: Situation) -> None:
+    _stack(s, s.prod, "2.6.0", os_packages=("glibc==2.36-9+deb12u14",))
+    _stack(s, s.cand, "2.6.0", os_packages=("glibc==2.36-9+deb12u2",))  # DSA-5514-1: fixed in deb12u3
+    s.policy = replace(s.policy, supply=replace(s.policy.supply, unrated="block"))
+
+
+def _same_build_kind(s: Situation) -> None:
+    """Production as a CUDA build too (the recording's is a CPU build): sizes compare like with like."""
+    prod = s.prod
+    s.cells[0] = replace(prod, stack=replace(prod.stack, cuda=s.cand.stack.cuda))
+    s.results[s.cells[0].id] = replace(s.results.pop(prod.id), cell_id=s.cells[0].id)
+    s.cells[1] = replace(s.cand, baseline=s.cells[0].id)
+
+
+def r_candidate_grows_beyond_the_size_limit(s: Situation) -> None:
+    _same_build_kind(s)
+    _stack(s, s.prod, "2.6.0", env_size=4_000_000_000, package_sizes={"torch": 3_000_000_000})
+    _stack(s, s.cand, "2.6.0", env_size=4_600_000_000, package_sizes={"torch": 3_000_000_000,
+                                                                     "ballast": 600_000_000})
+
+
+def r_candidate_grows_within_the_size_limit(s: Situation) -> None:
+    _same_build_kind(s)
+    _stack(s, s.prod, "2.6.0", env_size=4_000_000_000)
+    _stack(s, s.cand, "2.6.0", env_size=4_300_000_000)
+
+
 ROWS: list[tuple[Callable[[Situation], None], Decision, str]] = [
     (r_clean, Decision.GO, ""),
     (r_candidate_without_metrics, Decision.INCONCLUSIVE, "missing-metric"),
@@ -405,6 +493,17 @@ ROWS: list[tuple[Callable[[Situation], None], Decision, str]] = [
     (r_record_beyond_the_size_limit, Decision.NO_GO, "cell-error"),
     (r_broken_cached_environment, Decision.INCONCLUSIVE, "cell-infra-error"),
     (r_host_pip_constraint, Decision.INCONCLUSIVE, "cell-infra-error"),
+    (r_candidate_adds_a_fixable_critical_vulnerability, Decision.NO_GO, "vulnerability"),
+    (r_vulnerability_fixed_by_the_upgrade, Decision.GO, ""),
+    (r_vulnerability_inherited_from_production, Decision.GO, ""),
+    (r_vulnerability_inherited_and_the_policy_blocks_it, Decision.NO_GO, "vulnerability-inherited"),
+    (r_allow_listed_vulnerability_before_its_review, Decision.GO, ""),
+    (r_allow_listed_vulnerability_past_its_review, Decision.NO_GO, "allow-expired"),
+    (r_vulnerability_without_a_fix, Decision.GO, ""),
+    (r_vulnerability_below_the_threshold, Decision.GO, ""),
+    (r_unrated_fixable_debian_advisory_the_policy_counts, Decision.NO_GO, "vulnerability"),
+    (r_candidate_grows_beyond_the_size_limit, Decision.NO_GO, "size"),
+    (r_candidate_grows_within_the_size_limit, Decision.GO, ""),
 ]
 
 
@@ -413,7 +512,8 @@ def test_truth_table(situation: Callable[[Situation], None], decision: Decision,
     rec = selftest.recorded("cuda")
     s = Situation([rec.production, rec.candidate], dict(rec.results))
     situation(s)
-    out = gate.decide(tuple(s.cells), tuple(s.not_here), s.results, s.policy, TODAY, tuple(s.problems))
+    scans = supply.scan(s.cells, s.results, s.db)
+    out = gate.decide(tuple(s.cells), tuple(s.not_here), s.results, s.policy, TODAY, tuple(s.problems), scans)
     assert out.verdict.decision is decision, [r.to_json() for r in out.verdict.reasons
                                               if r.severity in (Severity.BLOCKING, Severity.INCONCLUSIVE)]
     deciding = {Decision.NO_GO: Severity.BLOCKING, Decision.INCONCLUSIVE: Severity.INCONCLUSIVE}.get(decision)

@@ -33,6 +33,8 @@ class Sbom(TypedDict, total=False):
     interpreter: str  # a given image: its interpreter (the probe's sys.executable)
     suite_prefix: str  # a given image or interpreter: the host prefix with what the suite needs and it lacks
     in_venv: bool  # a given interpreter: it is a venv's (its nodes get VIRTUAL_ENV)
+    os_packages: list[str]  # image: its Debian source packages (`name==version`, from dpkg's status)
+    os_release: str  # image: its OSV ecosystem ("Debian:12"), "" when OSV has no data for its OS
 
 
 class Described(TypedDict, total=False):

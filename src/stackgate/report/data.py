@@ -57,6 +57,7 @@ class RunReport:
     host_probe: Mapping[str, Any] = field(default_factory=dict)  # pool -> the host probe's result on this runner
     power: Mapping[str, Any] = field(default_factory=dict)  # "cell metric" -> what the gate detects (calibrate)
     nightly: Mapping[str, str] = field(default_factory=dict)  # last_green, first_red_after (from the history)
+    vuln_db: str = ""  # the OSV database the stacks were scanned against ("": not scanned)
 
     @property
     def evidence(self) -> Evidence:
@@ -121,6 +122,16 @@ def stack_diffs(cells: Sequence[Cell], results: Mapping[str, CellResult]) -> tup
         changes.sort(key=lambda ch: (not ch.name.startswith(KEY_PACKAGES), ch.name))
         out.append(StackDiff(base.id, cand.id, tuple(facts), tuple(changes)))
     return tuple(out)
+
+
+def blocking_findings(report: RunReport) -> set[tuple[str, str, str]]:
+    """(advisory, package, stack) of each vulnerability that blocks the verdict."""
+    out = set()
+    for r in report.gate.verdict.reasons:
+        if r.kind == "vulnerability" and r.severity is Severity.BLOCKING:
+            about = dict(r.subject)
+            out.add((about.get("advisory", ""), about.get("package", ""), about.get("stack", "")))
+    return out
 
 
 def now() -> str:

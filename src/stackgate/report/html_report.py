@@ -9,7 +9,8 @@ from html import escape
 from pathlib import Path
 
 from stackgate.model import CellResult, Role, Severity
-from stackgate.report.data import RunReport, notes
+from stackgate.report import supply_section
+from stackgate.report.data import RunReport, blocking_findings, notes
 from stackgate.report.files import atomic_write, strip_control
 
 COLOURS = {"passed": "#2e7d32", "failed": "#c62828", "error": "#6a1b9a", "timeout": "#ef6c00", "oom": "#ad1457",
@@ -154,6 +155,9 @@ def render(report: RunReport) -> str:
             h += [f"<tr><td>{escape(p.name)}</td><td>{escape(p.production or '-')}</td><td>{escape(p.candidate or '-')}</td>"
                   f"</tr>" for p in d.packages]
             h.append("</table></details>")
+    supply = supply_section.markdown(report.evidence.supply, report.vuln_db, blocking_findings(report), str)
+    if supply:  # the same text as report.md's section, escaped once here
+        h.append("<h2>Supply chain</h2><pre>" + escape("\n".join(supply[2:])) + "</pre>")
     # the matrix grid: one row per pool/topology, production and candidate side by side
     h.append("<h2>Matrix</h2><table class='grid'><tr><th>pool / topology</th><th>production</th><th>candidates</th></tr>")
     groups: dict[tuple[str, str], list[tuple[str, str, str]]] = {}

@@ -93,6 +93,8 @@ def to_json(report: RunReport, exit_code: int) -> dict[str, Any]:
         "host_probe": dict(report.host_probe),
         "power": dict(report.power),
         "nightly": dict(report.nightly),
+        "vulnerability_database": report.vuln_db or None,
+        "supply_chain": [pair.to_json() for pair in ev.supply],
     }
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from stackgate.model import Severity
-from stackgate.report.data import RunReport, counts, notes, stack_image_rows
+from stackgate.report import supply_section
+from stackgate.report.data import RunReport, blocking_findings, counts, notes, stack_image_rows
 from stackgate.report.files import atomic_write, strip_control
 
 ICON = {"GO": "GO ✅", "NO-GO": "NO-GO ❌", "INCONCLUSIVE": "INCONCLUSIVE ⚠️"}
@@ -53,6 +54,7 @@ def render(report: RunReport) -> str:
             lines += [f"| {md_escape(p.name)} | {md_escape(p.production or '-')} | {md_escape(p.candidate or '-')} |"
                       for p in shown]
         lines.append("")
+    lines += supply_section.markdown(report.evidence.supply, report.vuln_db, blocking_findings(report), md_escape)
     if report.power:
         lines += ["## Gate power (from `stackgate calibrate` on this pool)", "",
                   "| cell and metric | run-to-run noise | repeats | tolerance | detects a change of |", "|---|---|---|---|---|"]

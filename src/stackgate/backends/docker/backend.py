@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from stackgate import given, proc, shipped
+from stackgate import given, osv, proc, shipped
 from stackgate.artifacts import Registry, StackArtifact
 from stackgate.backends.base import (
     TORCH_PROBE,
@@ -98,6 +98,7 @@ class DockerBackend:
             sbom["packages"] = self.engine.read_file(image.ref, str(inside.PIP_FREEZE)).split()
         except Exception as exc:
             sbom["sbom_error"] = str(exc)
+        self._os_sbom(image.ref, sbom)
         return EnvHandle(stack, runs, image.key, reused=image.reused, prepare_s=time.monotonic() - start, sbom=sbom)
 
     def _given(self, stack: Stack, log_path: Path, start: float) -> EnvHandle:
@@ -127,7 +128,17 @@ class DockerBackend:
             sbom["digest"] = image.digest
         if prefix is not None:
             sbom["suite_prefix"] = str(prefix)
+        self._os_sbom(ref, sbom)
         return EnvHandle(stack, ref, sbom["key"], reused=True, prepare_s=time.monotonic() - start, sbom=sbom)
+
+    def _os_sbom(self, ref: str, sbom: Sbom) -> None:
+        """The image's Debian packages (by source, as Debian's advisories name them) and its release."""
+        try:
+            # /etc/os-release is a link to /usr/lib/os-release on Debian: read the file itself
+            sbom["os_release"] = osv.os_release(self.engine.read_file(ref, "/usr/lib/os-release"))
+            sbom["os_packages"] = osv.dpkg_sources(self.engine.read_file(ref, "/var/lib/dpkg/status"))
+        except Exception as exc:  # not a Debian image, or no dpkg: the SBOM has the Python packages only
+            sbom["sbom_error"] = f"{sbom.get('sbom_error', '')} OS packages: {exc}".strip()
 
     def publish(self, handle: EnvHandle) -> StackArtifact:
         """Push a prepared stack image to the registry: the artifact by digest. An unchanged stack is

@@ -10,6 +10,7 @@ import re
 import sys
 from pathlib import Path
 
+import loader
 import pytest
 import record
 import torch
@@ -113,6 +114,19 @@ def test_capture_environment(expect) -> None:
         "packages": sorted(f"{d.metadata['Name']}=={d.version}" for d in md.distributions()),
         "executable": sys.executable,
     })
+    sizes = loader.package_sizes()  # for the harness's size check against production (supply.py)
+    record.environment({"package_sizes": sizes, "env_size": sum(sizes.values()),
+                        "loader_copies": loader.loader_copies()})
+
+
+def test_one_copy_of_each_cuda_library() -> None:
+    """Exactly one copy of libnccl, libcudnn and libcudart that the loader can reach (none on a CPU
+    build): a base image's copy shadowing the wheel's is a known cause of silent breakage."""
+    copies = loader.loader_copies()
+    record.environment({"loader_copies": copies})
+    twice = {lib: found["competing"] for lib, found in copies.items() if len(found["competing"]) > 1}
+    assert not twice, "more than one copy for torch's loading to pick from (LD_LIBRARY_PATH, the wheels): " + \
+        "; ".join(f"{lib}: {', '.join(paths)}" for lib, paths in twice.items())
 
 
 def test_torch_version(expect) -> None:

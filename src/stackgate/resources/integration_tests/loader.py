@@ -1,0 +1,69 @@
+"""What the stack's environment holds on disk, for the harness's supply-chain checks: each installed
+package's size (its files as they are on disk), and every copy of NCCL, cuDNN and the CUDA runtime
+that the dynamic loader can reach (LD_LIBRARY_PATH, the wheels' lib directories that torch's RUNPATH
+names, the ld.so cache). A second copy, from a base image, shadowing the wheel's is a known cause of
+silent breakage."""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import os
+import re
+import subprocess
+import sysconfig
+from pathlib import Path
+
+LIBRARIES = {"libnccl": r"libnccl\.so(\.\d+)*", "libcudnn": r"libcudnn\.so(\.\d+)*",
+             "libcudart": r"libcudart\.so(\.\d+)*"}
+
+
+def package_sizes() -> dict[str, int]:
+    """Bytes on disk of each installed distribution (the files its RECORD lists that exist), bytecode
+    left out: pip compiles it at install and uv does not, so the same wheel would differ by tens of MB."""
+    out: dict[str, int] = {}
+    for dist in md.distributions():
+        total = 0
+        for file in dist.files or ():
+            if file.suffix == ".pyc":
+                continue
+            try:
+                total += os.lstat(dist.locate_file(file)).st_size
+            except OSError:
+                continue
+        name = dist.metadata["Name"] or "?"
+        out[name] = out.get(name, 0) + total
+    return out
+
+
+def _front_dirs() -> list[Path]:
+    """Where the loader looks for torch's CUDA libraries before its cache, in its order: LD_LIBRARY_PATH
+    (which overrides RUNPATH), then the wheels' lib directories that torch's RUNPATH names."""
+    purelib = Path(sysconfig.get_paths()["purelib"])
+    dirs = [Path(d) for d in os.environ.get("LD_LIBRARY_PATH", "").split(":") if d]
+    return dirs + [*sorted(purelib.glob("nvidia/*/lib")), purelib / "torch" / "lib"]
+
+
+def _ld_cache() -> list[Path]:
+    try:
+        listed = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True, timeout=30, check=False).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [Path(line.rsplit("=>", 1)[1].strip()) for line in listed.splitlines() if "=>" in line]
+
+
+def _copies(paths: list[Path]) -> dict[str, list[str]]:
+    found: dict[str, set[str]] = {lib: set() for lib in LIBRARIES}
+    for path in paths:
+        for lib, pattern in LIBRARIES.items():
+            if re.fullmatch(pattern, path.name) and path.exists():
+                found[lib].add(os.path.realpath(path))
+    return {lib: sorted(p) for lib, p in found.items()}
+
+
+def loader_copies() -> dict[str, dict[str, list[str]]]:
+    """library -> {"competing": the distinct files (by real path) torch's loading can pick from, "cache":
+    those in the ld.so cache}. The cache is searched after RUNPATH: a copy there is behind the wheel's
+    and competes only when neither LD_LIBRARY_PATH nor the wheels hold one."""
+    front = _copies([p for d in _front_dirs() if d.is_dir() for p in d.iterdir()])
+    cache = _copies(_ld_cache())
+    return {lib: {"competing": front[lib] or cache[lib], "cache": cache[lib]} for lib in LIBRARIES}
