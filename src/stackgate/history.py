@@ -85,7 +85,22 @@ def _metric_rows(run_id: str, results: Sequence[CellResult]) -> list[tuple[str, 
             if m.samples and m.better != "equal" and all(math.isfinite(s) for s in m.samples):
                 rows.append((run_id, result.cell_id, result.role.value, m.key, m.unit,
                              statistics.median(m.samples), len(m.samples)))
+        rows += [(run_id, result.cell_id, result.role.value, key, "bytes", float(size), 1)
+                 for key, size in stack_sizes(result.environment)]
     return rows
+
+
+def stack_sizes(environment: dict[str, object]) -> list[tuple[str, int]]:
+    """The stack's image and environment sizes and its ten largest packages, as the run recorded them
+    (the supply chain's size check, `supply.py`): kept in the history beside the metrics."""
+    out = [(f"stack.{key}", int(value)) for key in ("image_size", "env_size")
+           if isinstance(value := environment.get(key), (int, float)) and value]
+    sizes = environment.get("package_sizes")
+    if isinstance(sizes, dict):
+        largest = sorted(((str(k), int(v)) for k, v in sizes.items() if isinstance(v, (int, float))),
+                         key=lambda kv: -kv[1])[:10]
+        out += [(f"stack.package_size[package={name}]", size) for name, size in largest]
+    return out
 
 
 def runs(path: Path, limit: int = 20, matrix: str | None = None) -> list[RunRow]:

@@ -274,7 +274,7 @@ def _supply(doc: tomlfile.Doc, path: Path) -> tuple[SupplyRules, tuple[Waiver, .
     size = tomlfile.get(doc, doc.data, "size", dict, default={})
     tomlfile.check_keys(doc, size, ["max_growth", "max_growth_mb", "over"], "size")
     rules = SupplyRules(
-        database=(path.parent / database) if database else None,
+        database=(path.parent / database).resolve() if database else None,
         threshold=threshold,
         inherited=next(f for f in FLAKY if f == _choice(doc, vuln, "inherited", FLAKY, "go", "vulnerabilities")),
         unrated="block" if _choice(doc, vuln, "unrated", ("list", "block"), "list", "vulnerabilities") == "block"

@@ -92,7 +92,7 @@ def _stack_scan(cell: Cell, result: CellResult, db: osv.Database | None, why_no_
 
 
 def scan(cells: Sequence[Cell], results: Mapping[str, CellResult], db: osv.Database | None,
-         why_no_db: str = "no vulnerability database given (`--vuln-db PATH` or [vulnerabilities] database)"
+         why_no_db: str = "no vulnerability database given: `--vuln-db PATH` or [vulnerabilities] database"
          ) -> tuple[PairScan, ...]:
     """One PairScan per (production stack, candidate stack) whose cells both have a result."""
     by_id = {c.id: c for c in cells}
@@ -157,7 +157,7 @@ def vulnerability_reasons(pair: PairScan, rules: SupplyRules) -> list[Reason]:
 def _grown(pair: PairScan) -> list[tuple[str, int]]:
     before, after = pair.production.package_sizes, pair.candidate.package_sizes
     growth = [(name, after.get(name, 0) - before.get(name, 0)) for name in set(before) | set(after)]
-    return sorted((g for g in growth if g[1] > 0), key=lambda g: -g[1])[:3]
+    return sorted((g for g in growth if g[1] >= MB), key=lambda g: -g[1])[:3]  # a few KB is no growth
 
 
 def size_reasons(pair: PairScan, rules: SupplyRules) -> list[Reason]:

@@ -147,3 +147,38 @@ def test_a_second_copy_on_ld_library_path_competes_with_the_wheels(tmp_path: Pat
     assert len(loader.loader_copies()["libcudart"]["competing"]) == 1
     sizes = loader.package_sizes()
     assert sizes["pytest"] > 100_000  # its files on disk, bytecode left out
+
+
+def test_sizes_are_kept_in_the_history(tmp_path: Path) -> None:
+    import sqlite3
+
+    from stackgate import history
+    rec = selftest.recorded("cuda")
+    result = rec.results[rec.candidate.id]
+    result = replace(result, environment={**result.environment, "image_size": 6_210_000_000, "env_size": 5_000_000_000,
+                                          "package_sizes": {"torch": 1_900_000_000, "nvidia-cublas": 800_000_000}})
+    history.record(tmp_path / "h.sqlite", run_id="r1", matrix="m", channel="stable", started="s", finished="f",
+                   decision="GO", verdict="GO", candidate="2.14.1", results=[result], summary={})
+    with sqlite3.connect(tmp_path / "h.sqlite") as conn:
+        rows = dict(conn.execute("SELECT metric, median FROM metrics WHERE metric LIKE 'stack.%'").fetchall())
+    assert rows == {"stack.image_size": 6.21e9, "stack.env_size": 5e9, "stack.package_size[package=torch]": 1.9e9,
+                    "stack.package_size[package=nvidia-cublas]": 8e8}
+
+
+def test_pip_check_without_pip_names_what_an_installed_package_lacks(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+    monkeypatch.syspath_prepend(str(shipped.BUNDLED_SUITE))
+    sys.modules.pop("loader", None)
+    import loader
+    assert loader.broken_requirements() == []  # this environment is consistent
+    info = tmp_path / "trainer_kit-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: trainer-kit\nVersion: 1.0\n"
+                                   "Requires-Dist: pytest<1\nRequires-Dist: not-installed-anywhere>=2\n"
+                                   "Requires-Dist: numpy; extra == 'fast'\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    broken = loader.broken_requirements()
+    assert broken is not None and len(broken) == 2
+    assert "trainer-kit 1.0 has requirement pytest<1, but" in broken[0]
+    assert "trainer-kit 1.0 requires not-installed-anywhere>=2, which is not installed" in broken[1]

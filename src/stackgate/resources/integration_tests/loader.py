@@ -35,6 +35,37 @@ def package_sizes() -> dict[str, int]:
     return out
 
 
+def broken_requirements() -> list[str] | None:
+    """What `pip check` reports, from the installed metadata alone (a uv-made venv has no pip): each
+    installed distribution's requirement (markers evaluated here, extras left out) that is missing or
+    installed at a version it excludes. None: neither `packaging` nor pip's copy of it is here."""
+    try:
+        from packaging.requirements import InvalidRequirement, Requirement
+        from packaging.utils import canonicalize_name
+    except ImportError:
+        try:
+            from pip._vendor.packaging.requirements import InvalidRequirement, Requirement  # type: ignore
+            from pip._vendor.packaging.utils import canonicalize_name  # type: ignore
+        except ImportError:
+            return None
+    installed = {canonicalize_name(d.metadata["Name"] or ""): d.version for d in md.distributions()}
+    out = []
+    for dist in md.distributions():
+        for line in dist.requires or ():
+            try:
+                req = Requirement(line)
+            except InvalidRequirement:
+                continue
+            if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+                continue
+            have = installed.get(canonicalize_name(req.name))
+            if have is None:
+                out.append(f"{dist.metadata['Name']} {dist.version} requires {req}, which is not installed")
+            elif req.specifier and not req.specifier.contains(have, prereleases=True):
+                out.append(f"{dist.metadata['Name']} {dist.version} has requirement {req}, but {have} is installed")
+    return sorted(set(out))
+
+
 def _front_dirs() -> list[Path]:
     """Where the loader looks for torch's CUDA libraries before its cache, in its order: LD_LIBRARY_PATH
     (which overrides RUNPATH), then the wheels' lib directories that torch's RUNPATH names."""

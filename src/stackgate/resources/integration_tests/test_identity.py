@@ -119,6 +119,15 @@ def test_capture_environment(expect) -> None:
                         "loader_copies": loader.loader_copies()})
 
 
+def test_installed_requirements_are_consistent() -> None:
+    """`pip check` of the environment, on every backend (a uv-made venv has no pip to ask)."""
+    broken = loader.broken_requirements()
+    if broken is None:
+        pytest.skip("neither packaging nor pip is installed in this environment: nothing to read requirements with")
+    record.environment({"broken_requirements": broken})
+    assert not broken, "inconsistent environment: " + "; ".join(broken[:10])
+
+
 def test_one_copy_of_each_cuda_library() -> None:
     """Exactly one copy of libnccl, libcudnn and libcudart that the loader can reach (none on a CPU
     build): a base image's copy shadowing the wheel's is a known cause of silent breakage."""
