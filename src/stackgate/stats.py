@@ -1,6 +1,7 @@
 """Noise-aware comparison of a candidate's samples with production's.
 
-The change is the ratio of medians, oriented so that a positive number is worse. A bootstrap over
+The change is the ratio of medians, oriented so that a positive number is worse (inside the gate; a
+reader sees `Comparison.reading()`: the change of the metric's own value, better or worse as a word). A bootstrap over
 both sample sets gives a confidence interval for it (seeded: the same samples give the same answer).
 Regression only when the whole interval is beyond the tolerance; OK when the whole interval is
 within it; otherwise the noise is too high to tell.
@@ -44,19 +45,54 @@ class Comparison:
     statistic: str = ""  # paired: "sign" (the median pair, distribution-free) or "t" (the mean pair)
     pairs: int = 0  # paired: the run pairs compared
 
+    better: str = "lower"  # the metric's direction: "lower" (a time) or "higher" (a bandwidth)
+
+    def value_change(self, change: float | None = None) -> float:
+        """A change of the gate's (worse is positive) as a change of the metric's own value, cand/base - 1:
+        for a higher-is-better metric a 7.3x bandwidth is +634%, not the gate's -86%."""
+        c = self.change if change is None else change
+        if self.better == "lower":
+            return c
+        return float("inf") if c <= -1 else 1 / (1 + c) - 1
+
+    @property
+    def value_interval(self) -> tuple[float, float]:
+        ends = sorted((self.value_change(self.low), self.value_change(self.high)))
+        return ends[0], ends[1]
+
+    @property
+    def ratio(self) -> float:
+        """candidate / production, of the metric's own values."""
+        return self.value_change() + 1
+
+    @property
+    def word(self) -> str:
+        """"better", "worse" or "same", in the metric's own direction."""
+        return "worse" if self.change > 0 else "better" if self.change < 0 else "same"
+
+    def reading(self) -> str:
+        """The change as a reader reads it: "x7.34, +634% (better)"."""
+        return f"x{self.ratio:.3g}, {percent(self.value_change())} ({self.word})"
+
     def describe(self, unit: str = "") -> str:
         u = f" {unit}" if unit else ""
         thin = (f"; interval from {MAX_BOOTSTRAP_SAMPLES} evenly spaced order statistics of {self.thinned_from} "
                 "samples" if self.thinned_from else "")
+        allowed = f"at most {self.tolerance:.1%} worse allowed"
         if self.method == "threshold":
-            return (f"{self.base_median:.4g}{u} -> {self.cand_median:.4g}{u} ({self.change:+.1%} worse-is-positive; "
-                    f"single value, at most {self.tolerance:.0%} worse allowed)")
+            return f"{self.base_median:.4g}{u} -> {self.cand_median:.4g}{u} ({self.reading()}; single value, {allowed})"
         how = ""
         if self.method == "paired":
             how = (f", over {self.pairs} interleaved runs, " + ("sign test on the median pair" if self.statistic == "sign"
                                                                  else "t interval on the mean pair"))
-        return (f"{self.base_median:.4g}{u} -> {self.cand_median:.4g}{u} ({self.change:+.1%} worse-is-positive, "
-                f"CI [{self.low:+.1%}, {self.high:+.1%}], tolerance {self.tolerance:.1%}{how}{thin})")
+        low, high = self.value_interval
+        return (f"{self.base_median:.4g}{u} -> {self.cand_median:.4g}{u} ({self.reading()}, CI of the change "
+                f"[{percent(low)}, {percent(high)}], {allowed}{how}{thin})")
+
+
+def percent(change: float) -> str:
+    """+634%, +4.7%, -0.3%: whole percents from 100% on."""
+    return f"{change:+.0%}" if abs(change) >= 1 else f"{change:+.1%}"
 
 
 def median(samples: Sequence[float] | Iterable[float]) -> float:
@@ -120,7 +156,7 @@ def compare(base: Sequence[float], cand: Sequence[float], *, better: str, tolera
     point = _change(bm, cm, better)
     if len(base) < min_samples or len(cand) < min_samples:
         return Comparison(bm, cm, point, float("-inf"), float("inf"), tolerance, Outcome.INCONCLUSIVE,
-                          mad(base), mad(cand))
+                          mad(base), mad(cand), better=better)
     rng = random.Random(seed)
     changes = []
     most = max(len(base), len(cand))
@@ -135,7 +171,7 @@ def compare(base: Sequence[float], cand: Sequence[float], *, better: str, tolera
     high = changes[int((1 - tail) * (resamples - 1))]
     outcome = _outcome(low, high, tolerance)
     return Comparison(bm, cm, point, low, high, tolerance, outcome, mad(base), mad(cand),
-                      thinned_from=most if most > MAX_BOOTSTRAP_SAMPLES else 0)
+                      thinned_from=most if most > MAX_BOOTSTRAP_SAMPLES else 0, better=better)
 
 
 def threshold(base: Sequence[float], cand: Sequence[float], *, better: str, tolerance: float) -> Comparison:
@@ -151,7 +187,7 @@ def threshold(base: Sequence[float], cand: Sequence[float], *, better: str, tole
         outcome = Outcome.REGRESSION
     else:
         outcome = Outcome.IMPROVEMENT if change < -tolerance else Outcome.OK
-    return Comparison(bm, cm, change, change, change, tolerance, outcome, 0.0, 0.0, method="threshold")
+    return Comparison(bm, cm, change, change, change, tolerance, outcome, 0.0, 0.0, method="threshold", better=better)
 
 
 def t_quantile(confidence: float, df: int) -> float:
@@ -221,7 +257,7 @@ def paired(base_runs: Sequence[Sequence[float]], cand_runs: Sequence[Sequence[fl
         bm = median(base) if base else 0.0
         cm = median(cand) if cand else 0.0
         return Comparison(bm, cm, _change(bm, cm, better) if bm and cm else 0.0, float("-inf"), float("inf"),
-                          tolerance, Outcome.INCONCLUSIVE, 0.0, 0.0, method="paired")
+                          tolerance, Outcome.INCONCLUSIVE, 0.0, 0.0, method="paired", better=better)
     sign = 1.0 if better == "lower" else -1.0
     # the log of each value, then the difference: finite for every positive finite pair (1e-308 vs 1e308
     # is a log ratio of 1418; their quotient overflows)
@@ -237,7 +273,8 @@ def paired(base_runs: Sequence[Sequence[float]], cand_runs: Sequence[Sequence[fl
     low, high = _exp_minus_1(lo), _exp_minus_1(hi)
     outcome = _outcome(low, high, tolerance)
     return Comparison(median(base[:n]), median(cand[:n]), _exp_minus_1(centre), low, high,
-                      tolerance, outcome, mad(base[:n]), mad(cand[:n]), method="paired", statistic=statistic, pairs=n)
+                      tolerance, outcome, mad(base[:n]), mad(cand[:n]), method="paired", statistic=statistic, pairs=n,
+                      better=better)
 
 
 @dataclass(frozen=True)

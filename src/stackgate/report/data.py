@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import datetime as dt
+import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from stackgate.evidence import Evidence, GateOutcome
+from stackgate.evidence import Evidence, GateOutcome, MetricComparison
 from stackgate.model import ROLLBACK, Cell, CellResult, NotHere, Pruned, Reason, Role, Severity, Status
 
 SCHEMA_VERSION = 1
@@ -122,6 +123,18 @@ def stack_diffs(cells: Sequence[Cell], results: Mapping[str, CellResult]) -> tup
         changes.sort(key=lambda ch: (not ch.name.startswith(KEY_PACKAGES), ch.name))
         out.append(StackDiff(base.id, cand.id, tuple(facts), tuple(changes)))
     return tuple(out)
+
+
+def performance_rows(comparisons: Sequence[MetricComparison]) -> tuple[list[MetricComparison], list[MetricComparison]]:
+    """The gated comparisons (regressions first, then inconclusive, then the rest) and the ungated
+    ones (largest change first): what a reader must act on comes first."""
+    order = {"regression": 0, "inconclusive": 1, "ok": 2, "improvement": 3}
+    gated = sorted((c for c in comparisons if c.gated),
+                   key=lambda c: (order.get(c.comparison.outcome.value, 4), c.cell, c.metric))
+    ungated = sorted((c for c in comparisons if not c.gated),
+                     key=lambda c: (-abs(c.comparison.value_change()) if math.isfinite(c.comparison.value_change())
+                                    else -math.inf, c.cell, c.metric))
+    return gated, ungated
 
 
 def blocking_findings(report: RunReport) -> set[tuple[str, str, str]]:

@@ -8,10 +8,12 @@ from collections.abc import Sequence
 from html import escape
 from pathlib import Path
 
+from stackgate.evidence import MetricComparison
 from stackgate.model import CellResult, Role, Severity
 from stackgate.report import supply_section
-from stackgate.report.data import RunReport, blocking_findings, notes
+from stackgate.report.data import RunReport, blocking_findings, notes, performance_rows
 from stackgate.report.files import atomic_write, strip_control
+from stackgate.stats import percent
 
 COLOURS = {"passed": "#2e7d32", "failed": "#c62828", "error": "#6a1b9a", "timeout": "#ef6c00", "oom": "#ad1457",
            "crashed": "#4e342e", "build-failed": "#37474f", "infra-error": "#455a64", "skipped": "#9e9e9e",
@@ -26,6 +28,7 @@ table{border-collapse:collapse;margin:8px 0}td,th{border:1px solid #ddd;padding:
 .grid td.cell{color:#fff;font-family:monospace;font-size:12px}.muted{color:#757575}
 details{margin:6px 0}pre{background:#f5f5f5;padding:8px;overflow:auto;max-height:320px;font-size:12px}
 .plots{display:flex;flex-wrap:wrap;gap:16px}.plot{border:1px solid #eee;padding:6px}
+td.better{color:#1b5e20;background:#e8f5e9}td.worse{color:#b71c1c;background:#ffebee}
 """
 
 
@@ -123,6 +126,22 @@ def _cell_details(cell_id: str, result: CellResult) -> str:
             f"{rows}</table>{'<ul>' + warns + '</ul>' if warns else ''}{tail}</details>")
 
 
+def _perf_table(rows: Sequence[MetricComparison]) -> str:
+    """Each change in the metric's own terms, better or worse as a word and a colour."""
+    out = ["<table><tr><th>cell</th><th>metric</th><th>production</th><th>candidate</th><th>change</th>"
+           "<th>95% CI of the change</th><th>tolerance</th><th>outcome</th></tr>"]
+    for c in rows:
+        k = c.comparison
+        low, high = k.value_interval
+        ci = f"[{percent(low)}, {percent(high)}]" if math.isfinite(k.low) and math.isfinite(k.high) else "n/a"
+        out.append(f"<tr><td><code>{escape(c.cell)}</code></td><td>{escape(c.metric)}</td><td>{k.base_median:.4g} "
+                   f"{escape(c.unit)}</td><td>{k.cand_median:.4g} {escape(c.unit)}</td>"
+                   f"<td class='{k.word}'>{escape(k.reading())}</td><td>{ci}</td>"
+                   f"<td>{f'{k.tolerance:.0%} worse' if c.gated else 'not gated'}</td>"
+                   f"<td>{escape(k.outcome.value) if c.gated else '-'}</td></tr>")
+    return "".join(out) + "</table>"
+
+
 def render(report: RunReport) -> str:
     v = report.gate.verdict
     decision = v.decision.value
@@ -178,15 +197,13 @@ def render(report: RunReport) -> str:
         h.append("<h2>Plots</h2><div class='plots'>" + "".join(plots) + "</div>")
     ev = report.evidence
     if ev.comparisons:
-        h.append("<h2>Performance</h2><table><tr><th>cell</th><th>metric</th><th>production</th><th>candidate</th>"
-                 "<th>change</th><th>CI</th><th>outcome</th></tr>")
-        for c in sorted(ev.comparisons, key=lambda x: (not x.gated, x.cell, x.metric)):
-            k = c.comparison
-            ci = f"[{k.low:+.1%}, {k.high:+.1%}]" if math.isfinite(k.low) else "n/a"
-            h.append(f"<tr><td><code>{escape(c.cell)}</code></td><td>{escape(c.metric)}</td><td>{k.base_median:.4g} "
-                     f"{escape(c.unit)}</td><td>{k.cand_median:.4g}</td><td>{k.change:+.1%}</td><td>{ci}</td>"
-                     f"<td>{escape(k.outcome.value) if c.gated else 'not gated'}</td></tr>")
-        h.append("</table>")
+        gated, ungated = performance_rows(ev.comparisons)
+        h.append("<h2>Performance</h2>")
+        if gated:
+            h.append(_perf_table(gated))
+        if ungated:
+            h.append(f"<details><summary>{len(ungated)} ungated comparison(s): shown, never deciding</summary>"
+                     f"{_perf_table(ungated)}</details>")
     if ev.new_warnings:
         h.append("<h2>New warnings in the candidate</h2><ul>")
         h += [f"<li><code>{escape(cell)}</code>: {escape(w)}</li>" for cell, ws in ev.new_warnings.items() for w in ws]

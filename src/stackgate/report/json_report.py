@@ -5,14 +5,18 @@
     decision: "GO" | "NO-GO" | "INCONCLUSIVE"
     exit_code: int
     run: {id, matrix, channel, started, finished, options}
-    reasons: [{severity, kind, cell, test, message}]
+    reasons: [{severity, kind, cell, test, message, subject?}]   -- subject: {advisory, aliases, package, stack}
+                   for the supply chain's reasons
     cells: [{id, role, required, pool, device, topology, stack, status, reason, duration_s,
              tests: [{name, outcome, duration_s, message}], metrics: [{name, unit, samples, tags, better}],
              warnings, environment}]
     not_run_here: [{id, reason}]
     pruned: [{id, reasons}]
-    comparisons: [{cell, baseline, metric, unit, base_median, cand_median, change, ci_low, ci_high,
-                   tolerance, outcome, gated, method: bootstrap | threshold | paired}]
+    comparisons: [{cell, baseline, metric, unit, base_median, cand_median, better: lower | higher,
+                   ratio, value_change, value_ci: [low, high], reading: better | worse | same,
+                   change, ci_low, ci_high, tolerance, outcome, gated, method: bootstrap | threshold | paired}]
+                   -- ratio = cand/base and value_change = ratio - 1 are in the metric's own terms (a 7.3x
+                   bandwidth is +6.34); change/ci_low/ci_high are the gate's (worse is positive: -0.864 there)
     numerics: [{cell, baseline, metric, bitwise, within, worst_step, worst_abs, worst_rel, rtol, atol}]
     stack_diff: [{production_cell, candidate_cell, facts: [{what, production, candidate}],
                   packages: [{name, production, candidate, kind}]}]
@@ -21,6 +25,11 @@
                    not caused by the upgrade (reasons of kind "preexisting-failure")
     trends: {metric: [[run_id, value]]}
     host_probe: {pool: {status, evidence, facts}}   -- the runner checked against its pool's declaration
+    vulnerability_database: path | null   -- null: the stacks were not scanned
+    supply_chain: [{cell, production, candidate, added, inherited, fixed_by_upgrade}]   -- per candidate
+                   stack beside production; production/candidate: {stack, scanned, why_not, findings:
+                   [{advisory, aliases, package, ecosystem, installed, severity, fixed, summary}], packages,
+                   unread, image_size, env_size, largest_packages, loader_copies}
 """
 
 from __future__ import annotations
@@ -67,6 +76,9 @@ def to_json(report: RunReport, exit_code: int) -> dict[str, Any]:
         "comparisons": [
             {"cell": c.cell, "baseline": c.baseline, "metric": c.metric, "unit": c.unit,
              "base_median": c.comparison.base_median, "cand_median": c.comparison.cand_median,
+             "better": c.comparison.better, "ratio": _num(c.comparison.ratio),
+             "value_change": _num(c.comparison.value_change()),
+             "value_ci": [_num(x) for x in c.comparison.value_interval], "reading": c.comparison.word,
              "change": _num(c.comparison.change), "ci_low": _num(c.comparison.low), "ci_high": _num(c.comparison.high),
              "tolerance": c.comparison.tolerance, "outcome": c.comparison.outcome.value, "gated": c.gated,
              "method": c.comparison.method, **({"statistic": c.comparison.statistic, "pairs": c.comparison.pairs}

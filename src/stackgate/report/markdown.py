@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
+from stackgate.evidence import MetricComparison
 from stackgate.model import Severity
 from stackgate.report import supply_section
-from stackgate.report.data import RunReport, blocking_findings, counts, notes, stack_image_rows
+from stackgate.report.data import RunReport, blocking_findings, counts, notes, performance_rows, stack_image_rows
 from stackgate.report.files import atomic_write, strip_control
+from stackgate.stats import percent
 
 ICON = {"GO": "GO ✅", "NO-GO": "NO-GO ❌", "INCONCLUSIVE": "INCONCLUSIVE ⚠️"}
 
@@ -97,22 +100,15 @@ def render(report: RunReport) -> str:
         lines += ["", "</details>", ""]
     ev = report.evidence
     if ev.comparisons:
-        lines += ["## Performance (candidate vs production)", "",
-                  "| cell | metric | production | candidate | change | 95% CI | tolerance | outcome |",
-                  "|---|---|---|---|---|---|---|---|"]
-        rows = [c for c in ev.comparisons if c.gated]
-        ungated = sorted((c for c in ev.comparisons if not c.gated), key=lambda c: -abs(c.comparison.change))
-        rows += ungated[:10]
-        for cmp in sorted(rows, key=lambda x: (not x.gated, x.cell, x.metric)):
-            k = cmp.comparison
-            ci = f"[{k.low:+.1%}, {k.high:+.1%}]" if abs(k.low) != float("inf") else "n/a"
-            lines.append(f"| {md_escape(cmp.cell)} | {md_escape(cmp.metric)} | {k.base_median:.4g} {md_escape(cmp.unit)} | "
-                         f"{k.cand_median:.4g} | {k.change:+.1%} | {ci} | "
-                         f"{f'{k.tolerance:.0%}' if cmp.gated else 'not gated'} | {k.outcome.value} |")
-        if len(ev.comparisons) > len(rows):
-            lines += ["", f"{len(ev.comparisons) - len(rows)} more ungated comparisons are in report.json and "
-                          "report.html."]
-        lines.append("")
+        head = ["| cell | metric | production | candidate | change (candidate vs production) | 95% CI of the change | "
+                "tolerance | outcome |", "|---|---|---|---|---|---|---|---|"]
+        gated, ungated = performance_rows(ev.comparisons)
+        lines += ["## Performance (candidate vs production)", ""]
+        if gated:
+            lines += [*head, *(_perf_row(c) for c in gated), ""]
+        if ungated:
+            lines += [f"<details><summary>{len(ungated)} ungated comparison(s): shown, never deciding</summary>", "",
+                      *head, *(_perf_row(c) for c in ungated), "", "</details>", ""]
     if ev.parity:
         lines += ["## Numerics", "", "| cell | metric | bitwise | within tolerance | worst step | worst diff |",
                   "|---|---|---|---|---|---|"]
@@ -140,6 +136,15 @@ def render(report: RunReport) -> str:
     if info:
         lines += ["## Notes", ""] + [f"- {md_escape(r.cell)}: {md_escape(r.message)}" for r in info] + [""]
     return "\n".join(lines)
+
+
+def _perf_row(cmp: MetricComparison) -> str:
+    k = cmp.comparison
+    low, high = k.value_interval
+    ci = f"[{percent(low)}, {percent(high)}]" if math.isfinite(k.low) and math.isfinite(k.high) else "n/a"
+    return (f"| {md_escape(cmp.cell)} | {md_escape(cmp.metric)} | {k.base_median:.4g} {md_escape(cmp.unit)} | "
+            f"{k.cand_median:.4g} | {md_escape(k.reading())} | {ci} | "
+            f"{f'{k.tolerance:.0%} worse' if cmp.gated else 'not gated'} | {k.outcome.value if cmp.gated else '-'} |")
 
 
 def write(report: RunReport, path: Path, step_summary: str | None) -> None:

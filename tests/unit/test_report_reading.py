@@ -1,0 +1,39 @@
+"""Issue 24: every change is stated in the metric's own terms (the algbw example of the issue: 0.2194
+-> 1.611 GB/s reads +634%, better), and the performance tables put what decides first."""
+
+from __future__ import annotations
+
+from stackgate import stats
+from stackgate.evidence import MetricComparison
+from stackgate.report import html_report, markdown
+from stackgate.report.data import performance_rows
+
+
+def _cmp(metric: str, base: float, cand: float, better: str, gated: bool = False) -> MetricComparison:
+    found = stats.compare([base] * 5, [cand] * 5, better=better, tolerance=0.10)
+    return MetricComparison("local-cpu", "prod-local-cpu", metric, "GB/s" if better == "higher" else "ms", "cpu",
+                            found, gated)
+
+
+def test_a_faster_bandwidth_reads_as_its_own_growth_and_better() -> None:
+    faster = _cmp("algbw[size=1048576]", 0.2194, 1.611, "higher").comparison
+    assert faster.reading() == "x7.34, +634% (better)"
+    assert "0.2194 GB/s -> 1.611 GB/s (x7.34, +634% (better)" in faster.describe("GB/s")
+    slower = _cmp("algbw[size=1024]", 0.00017, 0.000026, "higher").comparison
+    assert slower.reading() == "x0.153, -84.7% (worse)"  # the gate's +553% "worse is positive" never shows
+    assert "553" not in slower.describe("GB/s") and "worse-is-positive" not in slower.describe("GB/s")
+    time = _cmp("recsys.step_time", 10.0, 12.0, "lower").comparison
+    assert time.reading() == "x1.2, +20.0% (worse)"
+
+
+def test_gated_rows_come_first_with_regressions_on_top_and_ungated_ones_are_collapsed() -> None:
+    rows = [_cmp("algbw[size=1024]", 0.00017, 0.000026, "higher"), _cmp("vit.step_time", 10.0, 10.1, "lower", True),
+            _cmp("recsys.step_time", 10.0, 20.0, "lower", True), _cmp("algbw[size=1048576]", 0.2194, 1.611, "higher")]
+    gated, ungated = performance_rows(rows)
+    assert [c.metric for c in gated] == ["recsys.step_time", "vit.step_time"]  # the regression first
+    assert [c.metric for c in ungated] == ["algbw[size=1048576]", "algbw[size=1024]"]  # largest change first
+    md_row = markdown._perf_row(ungated[0])
+    assert "x7.34, +634% (better)" in md_row and "not gated" in md_row and "improvement" not in md_row
+    table = html_report._perf_table(ungated)
+    assert "<td class='better'>x7.34, +634% (better)</td>" in table
+    assert "<td class='worse'>x0.153, -84.7% (worse)</td>" in table
