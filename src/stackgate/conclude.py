@@ -50,7 +50,8 @@ def decide_and_report(opts: Options, env: Mapping[str, str], loaded: Loaded, cho
     try:  # the reports go to disk first: a broken history database never costs the report
         report = replace(report, trends=history.trends(opts.history, channel=loaded.spec.channel,
                                                         matrix=loaded.spec.name,
-                                                        current=(run_id, list(all_results.values()))),
+                                                        current=(run_id, list(all_results.values())),
+                                                        suite=run_definition(opts)),
                          nightly=_nightly_marks(opts, loaded, run_id, outcome.verdict.decision.value))
     except (sqlite3.Error, OSError) as exc:
         history_error = f"cannot read the history database {opts.history}: {exc}"
@@ -59,7 +60,7 @@ def decide_and_report(opts: Options, env: Mapping[str, str], loaded: Loaded, cho
         history.record(opts.history, run_id=run_id, matrix=loaded.spec.name, channel=loaded.spec.channel,
                        started=started, finished=report.finished, decision=outcome.verdict.decision.value,
                        verdict=report.gating_verdict, candidate=", ".join(str(v) for v in loaded.torch),
-                       results=list(all_results.values()), summary=counts(report))
+                       results=list(all_results.values()), summary=counts(report), suite=run_definition(opts))
     except (sqlite3.Error, OSError) as exc:
         history_error = history_error or f"cannot record the run in the history database {opts.history}: {exc}"
     say(f"\n{outcome.verdict.decision.value} (gating verdict {report.gating_verdict}, exit {code})")
@@ -78,6 +79,11 @@ def decide_and_report(opts: Options, env: Mapping[str, str], loaded: Loaded, cho
         say(line)
     say(f"reports: {run_dir}/report.md report.json junit.xml report.html")
     return code, history_error
+
+
+def run_definition(opts: Options) -> str:
+    """The suite half of a run definition (the matrix is the other): "bundled", or the suite's path."""
+    return str(opts.suite.resolve()) if opts.suite is not None else "bundled"
 
 
 def supply_lines(outcome: GateOutcome, database: str) -> list[str]:

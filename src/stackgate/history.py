@@ -30,6 +30,9 @@ CREATE TABLE IF NOT EXISTS cells (
   run_id TEXT, cell_id TEXT, role TEXT, torch TEXT, status TEXT,
   PRIMARY KEY (run_id, cell_id)
 );
+CREATE TABLE IF NOT EXISTS definitions (
+  run_id TEXT PRIMARY KEY, suite TEXT
+);
 CREATE TABLE IF NOT EXISTS metrics (
   run_id TEXT, cell_id TEXT, role TEXT, metric TEXT, unit TEXT, median REAL, n INTEGER,
   PRIMARY KEY (run_id, cell_id, metric)
@@ -64,10 +67,14 @@ def connect(path: Path) -> Iterator[sqlite3.Connection]:
 
 
 def record(path: Path, *, run_id: str, matrix: str, channel: str, started: str, finished: str, decision: str,
-           verdict: str, candidate: str, results: Sequence[CellResult], summary: dict[str, int]) -> None:
+           verdict: str, candidate: str, results: Sequence[CellResult], summary: dict[str, int],
+           suite: str = "") -> None:
+    """One run: its verdict, cells and metrics; `suite` (with the matrix, its run definition: trends
+    compare runs of the same definition only)."""
     with connect(path) as conn:
         conn.execute("INSERT OR REPLACE INTO runs VALUES (?,?,?,?,?,?,?,?,?)",
                      (run_id, matrix, channel, started, finished, decision, verdict, candidate, json.dumps(summary)))
+        conn.execute("INSERT OR REPLACE INTO definitions VALUES (?,?)", (run_id, suite))
         conn.execute("DELETE FROM metrics WHERE run_id = ?", (run_id,))
         conn.executemany("INSERT OR REPLACE INTO metrics VALUES (?,?,?,?,?,?,?)", _metric_rows(run_id, results))
         conn.execute("DELETE FROM cells WHERE run_id = ?", (run_id,))
@@ -168,20 +175,31 @@ def last_green(path: Path, matrix: str | None = None) -> Nightly | None:
 
 
 def trends(path: Path, *, channel: str, matrix: str, limit: int = 10,
-           current: tuple[str, Sequence[CellResult]] | None = None) -> dict[str, list[tuple[str, float]]]:
-    """Median of each key metric over the candidate cells of the last runs of the same channel;
-    `current` (run id, results) adds the run being reported before it is recorded."""
+           current: tuple[str, Sequence[CellResult]] | None = None,
+           suite: str | None = None) -> dict[str, list[tuple[str, float]]]:
+    """Median of each key metric over the candidate cells of the last runs of the same channel and run
+    definition (matrix, and `suite` when given: a run recorded without one is not of it); `current` (run
+    id, results) adds the run being reported before it is recorded, and then only metrics it recorded
+    itself are trended (a user suite's report never shows the bundled suite's metrics)."""
     out: dict[str, list[tuple[str, float]]] = {}
+    own = {row[3] for row in _metric_rows(current[0], current[1])} if current is not None else None
 
     def add(run_id: str, metric: str, median: float) -> None:
+        if own is not None and metric not in own:
+            return
         if any(metric.startswith(prefix.rstrip("*")) for prefix in TREND_METRICS):
             out.setdefault(metric, []).append((run_id, float(median)))
 
     if path.exists():
         with connect(path) as conn:
-            ids = [r[0] for r in conn.execute(
-                "SELECT run_id FROM runs WHERE channel = ? AND matrix = ? ORDER BY started DESC, run_id DESC LIMIT ?",
-                (channel, matrix, limit))]
+            query = ("SELECT runs.run_id FROM runs LEFT JOIN definitions ON runs.run_id = definitions.run_id "
+                     "WHERE channel = ? AND matrix = ?")
+            args: tuple[object, ...] = (channel, matrix)
+            if suite is not None:
+                query += " AND definitions.suite = ?"
+                args += (suite,)
+            ids = [r[0] for r in conn.execute(query + " ORDER BY started DESC, runs.run_id DESC LIMIT ?",
+                                               (*args, limit))]
             for run_id in reversed(ids):
                 if current is not None and run_id == current[0]:
                     continue

@@ -92,6 +92,25 @@ def test_history_persists_and_yields_trends(tmp_path: Path) -> None:
     assert history.trends(db, channel="nightly", matrix="upgrade-torch") == {}
 
 
+def test_trends_keep_to_the_run_definition_and_the_runs_own_metrics(tmp_path: Path) -> None:
+    """Issue 24: a user suite's report shows no trend of the bundled suite's metrics from earlier runs
+    of the same matrix; runs of its own suite are its trend."""
+    db = tmp_path / "h.sqlite"
+    report = _report()
+    for i in range(2):
+        history.record(db, run_id=f"bundled{i}", matrix="upgrade-torch", channel="stable", started=f"2026-11-2{i}",
+                       finished="", decision="GO", verdict="GO", candidate="2.14.1",
+                       results=list(report.results.values()), summary={}, suite="bundled")
+    mine = [replace(r, metrics=()) for r in report.results.values()]  # a plain suite records no metric
+    history.record(db, run_id="user0", matrix="upgrade-torch", channel="stable", started="2026-11-25", finished="",
+                   decision="GO", verdict="GO", candidate="2.14.1", results=mine, summary={}, suite="/work/mysuite")
+    assert history.trends(db, channel="stable", matrix="upgrade-torch", suite="/work/mysuite",
+                          current=("user1", mine)) == {}
+    trend = history.trends(db, channel="stable", matrix="upgrade-torch", suite="bundled",
+                           current=("bundled2", list(report.results.values())))
+    assert [run for run, _ in trend["recsys.step_time"]] == ["bundled0", "bundled1", "bundled2"]
+
+
 def test_the_stack_diff_shows_a_change_in_the_suites_own_packages() -> None:
     """A suite's local project appears in a venv's freeze as `name @ file:///...whl`: its version comes
     from the wheel's name, so a changed team package is a change in the diff like any other."""
