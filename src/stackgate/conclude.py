@@ -50,7 +50,7 @@ def decide_and_report(opts: Options, env: Mapping[str, str], loaded: Loaded, cho
     try:  # the reports go to disk first: a broken history database never costs the report
         report = replace(report, trends=history.trends(opts.history, channel=loaded.spec.channel,
                                                         matrix=loaded.spec.name,
-                                                        current=(run_id, list(all_results.values())),
+                                                        current=(run_id, started, list(all_results.values())),
                                                         suite=run_definition(opts)),
                          nightly=_nightly_marks(opts, loaded, run_id, outcome.verdict.decision.value))
     except (sqlite3.Error, OSError) as exc:

@@ -11,7 +11,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from stackgate.model import MAIN, CellResult, Role
+from stackgate.model import MAIN, CellResult
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -174,43 +174,51 @@ def last_green(path: Path, matrix: str | None = None) -> Nightly | None:
     return standing(nightlies(path, matrix))[0]
 
 
+@dataclass(frozen=True)
+class TrendPoint:
+    run_id: str
+    started: str
+    role: str  # "production" | "candidate"
+    value: float  # the metric's median over that role's main cells of the run
+
+
 def trends(path: Path, *, channel: str, matrix: str, limit: int = 10,
-           current: tuple[str, Sequence[CellResult]] | None = None,
-           suite: str | None = None) -> dict[str, list[tuple[str, float]]]:
-    """Median of each key metric over the candidate cells of the last runs of the same channel and run
-    definition (matrix, and `suite` when given: a run recorded without one is not of it); `current` (run
-    id, results) adds the run being reported before it is recorded, and then only metrics it recorded
-    itself are trended (a user suite's report never shows the bundled suite's metrics)."""
-    out: dict[str, list[tuple[str, float]]] = {}
-    own = {row[3] for row in _metric_rows(current[0], current[1])} if current is not None else None
-
-    def add(run_id: str, metric: str, median: float) -> None:
-        if own is not None and metric not in own:
-            return
-        if any(metric.startswith(prefix.rstrip("*")) for prefix in TREND_METRICS):
-            out.setdefault(metric, []).append((run_id, float(median)))
-
+           current: tuple[str, str, Sequence[CellResult]] | None = None,
+           suite: str | None = None) -> dict[str, list[TrendPoint]]:
+    """Each key metric over the last runs of the same channel and run definition (matrix, and `suite`
+    when given: a run recorded without one is not of it), production and candidate apart; `current`
+    (run id, started, results) adds the run being reported before it is recorded, and then only metrics
+    it recorded itself are trended (a user suite's report never shows the bundled suite's metrics)."""
+    rows: list[tuple[str, str, str, str, float]] = []  # run, started, role, metric, median
     if path.exists():
         with connect(path) as conn:
-            query = ("SELECT runs.run_id FROM runs LEFT JOIN definitions ON runs.run_id = definitions.run_id "
-                     "WHERE channel = ? AND matrix = ?")
+            query = ("SELECT runs.run_id, runs.started FROM runs LEFT JOIN definitions ON runs.run_id = "
+                     "definitions.run_id WHERE channel = ? AND matrix = ?")
             args: tuple[object, ...] = (channel, matrix)
             if suite is not None:
                 query += " AND definitions.suite = ?"
                 args += (suite,)
-            ids = [r[0] for r in conn.execute(query + " ORDER BY started DESC, runs.run_id DESC LIMIT ?",
-                                               (*args, limit))]
-            for run_id in reversed(ids):
+            found = conn.execute(query + " ORDER BY started DESC, runs.run_id DESC LIMIT ?", (*args, limit)).fetchall()
+            for run_id, started in reversed(found):
                 if current is not None and run_id == current[0]:
                     continue
-                for metric, median in conn.execute("SELECT metric, median FROM metrics WHERE run_id = ? AND role = ?",
-                                                   (run_id, Role.CANDIDATE.value)):
-                    add(run_id, metric, median)
+                rows += [(run_id, started, role, metric, median) for role, metric, median in conn.execute(
+                    "SELECT role, metric, median FROM metrics WHERE run_id = ?", (run_id,))]
+    own = None
     if current is not None:
-        for row in _metric_rows(current[0], current[1]):
-            if row[2] == Role.CANDIDATE.value:
-                add(current[0], row[3], row[5])
-    return out
+        mine = _metric_rows(current[0], current[2])
+        own = {row[3] for row in mine}
+        rows += [(current[0], current[1], row[2], row[3], row[5]) for row in mine]
+    out: dict[str, dict[tuple[str, str], list[float]]] = {}
+    runs_started: dict[str, str] = {}
+    for run_id, started, role, metric, median in rows:
+        if own is not None and metric not in own:
+            continue
+        if any(metric.startswith(prefix.rstrip("*")) for prefix in TREND_METRICS):
+            out.setdefault(metric, {}).setdefault((run_id, role), []).append(float(median))
+            runs_started[run_id] = started
+    return {metric: [TrendPoint(run, runs_started[run], role, statistics.median(values))
+                     for (run, role), values in by_run.items()] for metric, by_run in out.items()}
 
 
 def record_calibration(path: Path, *, pool: str, run_id: str, recorded: str,

@@ -30,7 +30,10 @@ def _report(fail: bool = False) -> RunReport:
     outcome = gate.decide((prod, cand), away, results, load_policy(ROOT / "matrix" / "policy.toml"),
                           dt.date(2026, 11, 29))
     return RunReport("run-1", "upgrade-torch", "stable", "t0", "t1", outcome, 1, (prod, cand), results, away, (),
-                     stack_diffs((prod, cand), results), {}, {"recsys.step_time": [("a", 100.0), ("b", 101.0)]})
+                     stack_diffs((prod, cand), results), {},
+                     {"recsys.step_time": [history.TrendPoint("a", "2026-11-27T10:00:00Z", "candidate", 100.0),
+                                           history.TrendPoint("a", "2026-11-27T10:00:00Z", "production", 99.0),
+                                           history.TrendPoint("run-1", "2026-11-29T10:00:00Z", "candidate", 101.0)]})
 
 
 def test_all_four_reports_are_written_and_json_follows_its_schema(tmp_path: Path) -> None:
@@ -88,7 +91,9 @@ def test_history_persists_and_yields_trends(tmp_path: Path) -> None:
     rows = history.runs(db)
     assert [r.run_id for r in rows] == ["r2", "r1", "r0"]
     trend = history.trends(db, channel="stable", matrix="upgrade-torch")
-    assert [run for run, _ in trend["recsys.step_time"]] == ["r0", "r1", "r2"]
+    assert [p.run_id for p in trend["recsys.step_time"] if p.role == "candidate"] == ["r0", "r1", "r2"]
+    assert [p.started for p in trend["recsys.step_time"] if p.role == "production"] == [
+        "2026-11-20", "2026-11-21", "2026-11-22"]
     assert history.trends(db, channel="nightly", matrix="upgrade-torch") == {}
 
 
@@ -105,10 +110,11 @@ def test_trends_keep_to_the_run_definition_and_the_runs_own_metrics(tmp_path: Pa
     history.record(db, run_id="user0", matrix="upgrade-torch", channel="stable", started="2026-11-25", finished="",
                    decision="GO", verdict="GO", candidate="2.14.1", results=mine, summary={}, suite="/work/mysuite")
     assert history.trends(db, channel="stable", matrix="upgrade-torch", suite="/work/mysuite",
-                          current=("user1", mine)) == {}
+                          current=("user1", "2026-11-26", mine)) == {}
     trend = history.trends(db, channel="stable", matrix="upgrade-torch", suite="bundled",
-                           current=("bundled2", list(report.results.values())))
-    assert [run for run, _ in trend["recsys.step_time"]] == ["bundled0", "bundled1", "bundled2"]
+                           current=("bundled2", "2026-11-26", list(report.results.values())))
+    assert [p.run_id for p in trend["recsys.step_time"] if p.role == "candidate"] == ["bundled0", "bundled1",
+                                                                                      "bundled2"]
 
 
 def test_the_stack_diff_shows_a_change_in_the_suites_own_packages() -> None:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stackgate.evidence import Evidence, GateOutcome, MetricComparison
+from stackgate.history import TrendPoint
 from stackgate.model import ROLLBACK, Cell, CellResult, NotHere, Pruned, Reason, Role, Severity, Status
 
 SCHEMA_VERSION = 1
@@ -54,7 +55,7 @@ class RunReport:
     pruned: tuple[Pruned, ...]
     diffs: tuple[StackDiff, ...]
     options: Mapping[str, Any] = field(default_factory=dict)
-    trends: Mapping[str, Sequence[tuple[str, float]]] = field(default_factory=dict)
+    trends: Mapping[str, Sequence[TrendPoint]] = field(default_factory=dict)  # same run definition only
     host_probe: Mapping[str, Any] = field(default_factory=dict)  # pool -> the host probe's result on this runner
     power: Mapping[str, Any] = field(default_factory=dict)  # "cell metric" -> what the gate detects (calibrate)
     nightly: Mapping[str, str] = field(default_factory=dict)  # last_green, first_red_after (from the history)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from stackgate.evidence import MetricComparison
 from stackgate.model import CellResult, Role, Severity
-from stackgate.report import supply_section
+from stackgate.report import plots, supply_section
 from stackgate.report.data import RunReport, blocking_findings, notes, performance_rows
 from stackgate.report.files import atomic_write, strip_control
 from stackgate.stats import percent
@@ -19,7 +19,6 @@ COLOURS = {"passed": "#2e7d32", "failed": "#c62828", "error": "#6a1b9a", "timeou
            "crashed": "#4e342e", "build-failed": "#37474f", "infra-error": "#455a64", "skipped": "#9e9e9e",
            "not-run-here": "#bdbdbd", "no-result": "#e0e0e0"}
 VERDICT = {"GO": "#2e7d32", "NO-GO": "#c62828", "INCONCLUSIVE": "#ef6c00"}
-SERIES = ("#1565c0", "#e65100", "#2e7d32", "#6a1b9a")
 
 CSS = """
 body{font:14px/1.45 system-ui,sans-serif;margin:24px;color:#212121;max-width:1200px}
@@ -32,54 +31,14 @@ td.better{color:#1b5e20;background:#e8f5e9}td.worse{color:#b71c1c;background:#ff
 """
 
 
-def _series_svg(title: str, series: Sequence[tuple[str, Sequence[tuple[float, float]]]], *, xlog: bool = False,
-                xlabel: str = "", ylabel: str = "") -> str:
-    """A small line chart. series: (label, [(x, y)])."""
-    pts = [(x, y) for _, s in series for x, y in s if math.isfinite(y)]
-    if not pts:
-        return ""
-    w, h, pad = 420, 240, 44
-    fx = (lambda x: math.log2(x) if x > 0 else 0.0) if xlog else (lambda x: x)
-    xs = [fx(x) for x, _ in pts]
-    ys = [y for _, y in pts]
-    x0, x1 = min(xs), max(xs) if max(xs) > min(xs) else min(xs) + 1
-    y0 = min(0.0, *ys)
-    y1 = max(ys) if max(ys) > y0 else y0 + 1.0
-
-    def sx(x: float) -> float:
-        return pad + (fx(x) - x0) / (x1 - x0) * (w - 2 * pad)
-
-    def sy(y: float) -> float:
-        return h - pad + 8 - (y - y0) / (y1 - y0) * (h - 2 * pad)
-
-    parts = [f'<svg class="plot" role="img" aria-label="{escape(title)}" width="{w}" height="{h}" '
-             f'xmlns="http://www.w3.org/2000/svg"><title>{escape(title)}</title>',
-             f'<text x="{w / 2}" y="16" text-anchor="middle" font-size="13">{escape(title)}</text>',
-             f'<line x1="{pad}" y1="{h - pad + 8}" x2="{w - pad}" y2="{h - pad + 8}" stroke="#999"/>',
-             f'<line x1="{pad}" y1="{pad - 8}" x2="{pad}" y2="{h - pad + 8}" stroke="#999"/>',
-             f'<text x="{pad - 4}" y="{sy(y1) + 4}" text-anchor="end" font-size="10">{y1:.3g}</text>',
-             f'<text x="{pad - 4}" y="{sy(y0) + 4}" text-anchor="end" font-size="10">{y0:.3g}</text>',
-             f'<text x="{w / 2}" y="{h - 6}" text-anchor="middle" font-size="10">{escape(xlabel)}</text>',
-             f'<text x="10" y="{h / 2}" font-size="10" transform="rotate(-90 10 {h / 2})">{escape(ylabel)}</text>']
-    for i, (label, s) in enumerate(series):
-        colour = SERIES[i % len(SERIES)]
-        good = [(x, y) for x, y in s if math.isfinite(y)]
-        if not good:
-            continue
-        path = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in good)
-        parts.append(f'<polyline fill="none" stroke="{colour}" stroke-width="2" points="{path}"/>')
-        if len(good) <= 12:  # few points (trends): mark each, so a single run still shows
-            parts += [f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="3" fill="{colour}"/>' for x, y in good]
-        parts.append(f'<text x="{w - pad}" y="{pad + 14 * i}" text-anchor="end" font-size="11" fill="{colour}">'
-                     f'{escape(label)}</text>')
-    parts.append("</svg>")
-    return "".join(parts)
-
-
 def _median(xs: Sequence[float]) -> float:
     s = sorted(xs)
     n = len(s)
     return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
+
+
+def _unit(result: CellResult, name: str) -> str:
+    return next((m.unit for m in result.metrics if m.name == name and m.unit), "")
 
 
 def _plots(report: RunReport) -> list[str]:
@@ -94,21 +53,29 @@ def _plots(report: RunReport) -> list[str]:
             series = []
             for label, res in (("production", bres), ("candidate", cres)):
                 pts = sorted((float(dict(m.tags)["size"]), _median(m.samples)) for m in res.metrics
-                             if m.name == "busbw" and dict(m.tags).get("collective") == coll and m.samples)
-                series.append((label, pts))
-            out.append(_series_svg(f"{coll} busbw vs message size — {cand.pool.name}", series, xlog=True,
-                                   xlabel="bytes (log2)", ylabel="GB/s"))
-        for name, ylabel in (("recsys.loss", "loss"), ("vit.loss", "loss"), ("recsys.step_time", "ms"),
-                             ("vit.step_time", "ms")):
+                             if m.name == "busbw" and dict(m.tags).get("collective") == coll and m.samples
+                             and "size" in dict(m.tags))
+                series.append(plots.Series(label, pts))
+            out.append(plots.line(f"{coll} bus bandwidth by message size ({cand.pool.name})", series,
+                                  xlabel="message size", ylabel=f"bus bandwidth ({_unit(cres, 'busbw') or 'GB/s'})",
+                                  x_sizes=True))
+        for name, what in (("recsys.loss", "loss"), ("vit.loss", "loss"), ("recsys.step_time", "step time"),
+                           ("vit.step_time", "step time")):
             series = []
             for label, res in (("production", bres), ("candidate", cres)):
-                m = next((m for m in res.metrics if m.name == name), None)
-                series.append((label, list(enumerate(m.samples)) if m else []))
-            out.append(_series_svg(f"{name} per step — {cand.pool.name}", series, xlabel="step", ylabel=ylabel))
+                m = next((m for m in res.metrics if m.name == name and not dict(m.tags)), None)
+                series.append(plots.Series(label, [(float(i), v) for i, v in enumerate(m.samples)] if m else []))
+            unit = _unit(cres, name)
+            out.append(plots.line(f"{name} per step ({cand.pool.name})", series, xlabel="step",
+                                  ylabel=f"{what} ({unit})" if unit else what))
+    current = next((plots.timestamp(p.started) for points in report.trends.values() for p in points
+                    if p.run_id == report.run_id), None)
     for metric, points in report.trends.items():
-        out.append(_series_svg(f"trend: {metric}", [("median", [(i, v) for i, (_, v) in enumerate(points)])],
-                               xlabel="run", ylabel=metric))
-    return [p for p in out if p]
+        series = [plots.Series(role, [(plots.timestamp(p.started), p.value) for p in points if p.role == role],
+                               marker=True) for role in ("production", "candidate")]
+        out.append(plots.line(f"trend: {metric}", series, xlabel="run date (UTC)", ylabel="median",
+                              x_dates=True, current=current))
+    return [f"<figure class='plot'>{p}</figure>" for p in out if p]
 
 
 def _cell_details(cell_id: str, result: CellResult) -> str:

@@ -23,7 +23,8 @@
     new_warnings: {cell: [warning]}
     preexisting_failures: [{cell, baseline, test, candidate, production}]   -- failed in both stacks:
                    not caused by the upgrade (reasons of kind "preexisting-failure")
-    trends: {metric: [[run_id, value]]}
+    trends: {metric: [{run_id, started, role, value}]}   -- the last runs of the same matrix and suite,
+                   metrics this run's own suite recorded
     host_probe: {pool: {status, evidence, facts}}   -- the runner checked against its pool's declaration
     vulnerability_database: path | null   -- null: the stacks were not scanned
     supply_chain: [{cell, production, candidate, added, inherited, fixed_by_upgrade}]   -- per candidate
@@ -101,7 +102,7 @@ def to_json(report: RunReport, exit_code: int) -> dict[str, Any]:
         "new_warnings": {k: list(v) for k, v in ev.new_warnings.items()},
         "preexisting_failures": [{"cell": k.cell, "baseline": k.baseline, "test": k.test, "candidate": k.candidate,
                                   "production": k.production} for k in ev.preexisting],
-        "trends": {k: [list(p) for p in v] for k, v in report.trends.items()},
+        "trends": {k: [vars(p) for p in v] for k, v in report.trends.items()},
         "host_probe": dict(report.host_probe),
         "power": dict(report.power),
         "nightly": dict(report.nightly),

@@ -128,9 +128,13 @@ def render(report: RunReport) -> str:
             lines.append(f"- first red nightly after it: {md_escape(report.nightly['first_red_after'])}")
         lines.append("")
     if report.trends:
-        lines += ["## Trends (last runs of this channel)", ""]
+        lines += ["## Trends (last runs of this matrix and suite)", ""]
         for metric, points in report.trends.items():
-            lines.append(f"- {md_escape(metric)}: " + " → ".join(f"{value:.4g}" for _, value in points))
+            for role in ("production", "candidate"):
+                mine = [p for p in points if p.role == role]
+                if mine:
+                    lines.append(f"- {md_escape(metric)} ({role}): " + " → ".join(
+                        f"{p.value:.4g}" + (" (this run)" if p.run_id == report.run_id else "") for p in mine))
         lines.append("")
     info = notes(report)
     if info:

@@ -1,0 +1,97 @@
+"""The report's plots, drawn by matplotlib into inline SVG.
+
+Why matplotlib: the report is one static HTML file that a CI artifact viewer opens offline, so a plot
+must be finished markup, not a script that needs a JavaScript library (Vega, Plotly) loaded from the
+network or embedded at a megabyte per report. matplotlib draws real axes (locators choose the ticks,
+formatters write them), is maintained, runs headless (the Agg/SVG backends need no display), and with
+`svg.fonttype = "none"` writes text as SVG <text>, which a browser lays out and a DOM test can read.
+Text is never parsed as mathtext (`text.parse_math = False`): a metric name with `$` stays text.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import io
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+SERIES = ("#1565c0", "#ef6c00", "#2e7d32", "#6a1b9a")
+STYLE = {"svg.fonttype": "none", "text.parse_math": False, "font.size": 9, "axes.titlesize": 10,
+         "svg.hashsalt": "stackgate", "font.family": "DejaVu Sans"}  # a fixed salt: the same report, the same SVG
+
+
+@dataclass(frozen=True)
+class Series:
+    label: str
+    points: Sequence[tuple[float, float]]  # (x, y); x is a date's ordinal seconds for a date axis
+    marker: bool = False
+
+
+def size_label(nbytes: float) -> str:
+    """1 KiB, 4 MiB, 1 GiB: a message size as people say it."""
+    for unit, scale in (("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10)):
+        if nbytes >= scale:
+            value = nbytes / scale
+            return f"{value:.0f} {unit}" if value == int(value) else f"{value:.3g} {unit}"
+    return f"{nbytes:.0f} B"
+
+
+def line(title: str, series: Sequence[Series], *, xlabel: str, ylabel: str, x_sizes: bool = False,
+         x_dates: bool = False, current: float | None = None) -> str:
+    """A line plot as an inline <svg> (empty when no series has a finite point). `x_sizes`: message
+    sizes on a log2 axis, labelled 1 KiB ...; `x_dates`: x are POSIX seconds, labelled as dates, with
+    `current` (the run at hand) marked."""
+    import matplotlib
+    from matplotlib import dates as mdates
+    from matplotlib import ticker
+    from matplotlib.figure import Figure
+
+    drawn = [(s, [(x, y) for x, y in s.points if math.isfinite(x) and math.isfinite(y)]) for s in series]
+    if not any(points for _, points in drawn):
+        return ""
+    with matplotlib.rc_context(STYLE):  # type: ignore[arg-type]
+        fig = Figure(figsize=(4.6, 2.8), dpi=100, layout="constrained")
+        ax = fig.add_subplot()
+        for i, (s, points) in enumerate(drawn):
+            if not points:
+                continue
+            xs = [_day(x) if x_dates else x for x, _ in points]
+            ax.plot(xs, [y for _, y in points], color=SERIES[i % len(SERIES)], label=s.label,
+                    marker="o" if s.marker or len(points) <= 12 else None, markersize=3, linewidth=1.5)
+        if x_sizes:
+            ax.set_xscale("log", base=2)
+            ax.xaxis.set_major_locator(ticker.LogLocator(base=2, subs=(1.0,), numticks=6))  # readable, not crowded
+            ax.xaxis.set_minor_locator(ticker.NullLocator())
+            ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: size_label(v)))
+        if x_dates:
+            ax.xaxis.set_major_locator(mdates.AutoDateLocator(minticks=2, maxticks=5))  # type: ignore[no-untyped-call]
+            ax.xaxis.set_major_formatter(mdates.DateFormatter("%m-%d"))  # type: ignore[no-untyped-call]
+            if current is not None:
+                ax.axvline(_day(current), color="#9e9e9e", linestyle="--",
+                           linewidth=1, label="this run")
+        ax.yaxis.set_major_locator(ticker.MaxNLocator(nbins=5))
+        ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:.3g}"))
+        ax.set_title(title, loc="left", wrap=True)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.grid(True, color="#eeeeee")
+        ax.legend(loc="best", fontsize=8, frameon=False)
+        out = io.StringIO()
+        fig.savefig(out, format="svg", metadata={"Date": None})
+    svg = out.getvalue()
+    return svg[svg.index("<svg"):]
+
+
+def _day(seconds: float) -> float:
+    """POSIX seconds as matplotlib's date number (days since its epoch)."""
+    from matplotlib import dates as mdates
+    return float(mdates.date2num(dt.datetime.fromtimestamp(seconds, dt.timezone.utc)))  # type: ignore[no-untyped-call]
+
+
+def timestamp(when: str) -> float:
+    """An ISO time from the history (2026-12-01T23:40:21Z) as POSIX seconds; nan when unreadable."""
+    try:
+        return dt.datetime.fromisoformat(when.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return math.nan
