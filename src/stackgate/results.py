@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -129,3 +129,24 @@ def resume_dir(reports: Path, run_id: str) -> Path:
         raise ConfigError(f"cannot resume run {run_id!r}: no {run_dir / RESULTS}",
                           hint=f"runs with results: {', '.join(known[-5:]) or 'none'}")
     return run_dir
+
+
+def stack_pairs(cells: Sequence[Cell], recorded: Mapping[str, CellResult]
+                ) -> list[tuple[Cell, Cell, CellResult, CellResult]]:
+    """(production cell, candidate cell, their results) once per pair of stacks whose main results both
+    recorded an environment: the first candidate cell of each pair (what the stack diff and the supply
+    chain compare)."""
+    by_id = {c.id: c for c in cells}
+    seen: set[tuple[str, str]] = set()
+    out = []
+    for cand in cells:
+        base = by_id.get(cand.baseline)
+        if cand.role is not Role.CANDIDATE or base is None or base.role is not Role.PRODUCTION:
+            continue
+        bres, cres = recorded.get(base.id), recorded.get(cand.id)
+        if bres is None or cres is None or not bres.environment or not cres.environment:
+            continue
+        if (base.stack.label, cand.stack.label) not in seen:
+            seen.add((base.stack.label, cand.stack.label))
+            out.append((base, cand, bres, cres))
+    return out

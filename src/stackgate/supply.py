@@ -11,8 +11,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stackgate import osv
-from stackgate.model import Cell, CellResult, Reason, Role, Severity
+from stackgate.model import Cell, CellResult, Reason, Severity
 from stackgate.policy import SupplyRules
+from stackgate.results import stack_pairs
 
 MB = 1_000_000
 LOADER_LIBRARIES = ("libnccl", "libcudnn", "libcudart")
@@ -95,22 +96,8 @@ def scan(cells: Sequence[Cell], results: Mapping[str, CellResult], db: osv.Datab
          why_no_db: str = "no vulnerability database given: `--vuln-db PATH` or [vulnerabilities] database"
          ) -> tuple[PairScan, ...]:
     """One PairScan per (production stack, candidate stack) whose cells both have a result."""
-    by_id = {c.id: c for c in cells}
-    seen: set[tuple[str, str]] = set()
-    out = []
-    for cand in cells:
-        base = by_id.get(cand.baseline)
-        if cand.role is not Role.CANDIDATE or base is None:
-            continue
-        cres, bres = results.get(cand.id), results.get(base.id)
-        if cres is None or bres is None or not cres.environment or not bres.environment:
-            continue
-        pair = (base.stack.label, cand.stack.label)
-        if pair in seen:
-            continue
-        seen.add(pair)
-        out.append(PairScan(cand.id, _stack_scan(base, bres, db, why_no_db), _stack_scan(cand, cres, db, why_no_db)))
-    return tuple(out)
+    return tuple(PairScan(cand.id, _stack_scan(base, bres, db, why_no_db), _stack_scan(cand, cres, db, why_no_db))
+                 for base, cand, bres, cres in stack_pairs(cells, results))
 
 
 def _subject(finding: osv.Finding, stack: str) -> tuple[tuple[str, str], ...]:

@@ -11,7 +11,8 @@ from typing import Any
 
 from stackgate.evidence import Evidence, GateOutcome, MetricComparison
 from stackgate.history import TrendPoint
-from stackgate.model import ROLLBACK, Cell, CellResult, NotHere, Pruned, Reason, Role, Severity, Status
+from stackgate.model import ROLLBACK, Cell, CellResult, NotHere, Pruned, Reason, Severity, Status
+from stackgate.results import stack_pairs
 
 SCHEMA_VERSION = 1
 KEY_PACKAGES = ("torch", "triton", "numpy", "nvidia-nccl", "nvidia-cudnn", "nvidia-cublas", "nvidia-cuda-runtime")
@@ -100,20 +101,8 @@ def _packages(result: CellResult) -> dict[str, str]:
 
 def stack_diffs(cells: Sequence[Cell], results: Mapping[str, CellResult]) -> tuple[StackDiff, ...]:
     """What changed between each production cell and its candidates, from captured environments."""
-    prod = {c.id: c for c in cells if c.role is Role.PRODUCTION}
     out = []
-    seen_pairs = set()
-    for cand in cells:
-        if cand.role is not Role.CANDIDATE or cand.baseline not in prod:
-            continue
-        base = prod[cand.baseline]
-        bres, cres = results.get(base.id), results.get(cand.id)
-        if bres is None or cres is None or not bres.environment or not cres.environment:
-            continue
-        pair = (base.stack.label, cand.stack.label)
-        if pair in seen_pairs:
-            continue
-        seen_pairs.add(pair)
+    for base, cand, bres, cres in stack_pairs(cells, results):
         facts = []
         for key in ("torch", "cuda", "nccl", "cudnn", "triton", "python", "numpy", "nvidia_driver", "cuda_driver_api",
                     "cuda_compat_in_use"):
