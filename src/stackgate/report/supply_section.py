@@ -46,7 +46,7 @@ def markdown(pairs: Sequence[PairScan], database: str, blocking: set[tuple[str, 
                 + [_row(f, "fixed by the upgrade", esc) for f in pair.removed])
         if rows:
             lines += ["", "| where | advisory | severity | package | installed | fixed in | summary |",
-                      "|---|---|---|---|---|---|---|", *rows]
+                      "|---|---|---|---|---|---|---|", *rows, ""]
         for what, a, b in (("image", pair.production.image_size, pair.candidate.image_size),
                            ("environment", pair.production.env_size, pair.candidate.env_size)):
             if a or b:
