@@ -22,7 +22,7 @@ from stackgate.inputs import Loaded
 from stackgate.model import Cell, Decision, Severity, Verdict
 from stackgate.options import Options
 from stackgate.report import html_report, json_report, junit, markdown
-from stackgate.report.data import RunReport, counts, now, stack_diffs
+from stackgate.report.data import RunReport, counts, now, performance_rows, stack_diffs
 
 
 def decide_and_report(opts: Options, env: Mapping[str, str], loaded: Loaded, chosen: matrix.Expansion,
@@ -75,6 +75,8 @@ def decide_and_report(opts: Options, env: Mapping[str, str], loaded: Loaded, cho
             say(f"  - {k.cell} {k.test}: candidate {k.candidate[:120]}; production {k.production[:120]}")
         if len(known) > 5:
             say(f"  ... and {len(known) - 5} more in report.md")
+    for line in performance_lines(outcome):
+        say(line)
     for line in supply_lines(outcome, str(database or "")):
         say(line)
     say(f"reports: {run_dir}/report.md report.json junit.xml report.html")
@@ -84,6 +86,18 @@ def decide_and_report(opts: Options, env: Mapping[str, str], loaded: Loaded, cho
 def run_definition(opts: Options) -> str:
     """The suite half of a run definition (the matrix is the other): "bundled", or the suite's path."""
     return str(opts.suite.resolve()) if opts.suite is not None else "bundled"
+
+
+def performance_lines(outcome: GateOutcome, ungated: int = 3) -> list[str]:
+    """The gated comparisons, and the largest ungated changes, as a reader reads them."""
+    gated, rest = performance_rows(outcome.evidence.comparisons)
+    out = [f"performance: {c.cell} {c.metric}: {c.comparison.base_median:.4g} -> {c.comparison.cand_median:.4g} "
+           f"{c.unit} ({c.comparison.reading()}; {c.comparison.outcome.value})".replace("  ", " ") for c in gated]
+    out += [f"not gated: {c.cell} {c.metric}: {c.comparison.base_median:.4g} -> {c.comparison.cand_median:.4g} "
+            f"{c.unit} ({c.comparison.reading()})".replace("  ", " ") for c in rest[:ungated]]
+    if len(rest) > ungated:
+        out.append(f"  ... and {len(rest) - ungated} more ungated comparisons in report.md")
+    return out
 
 
 def supply_lines(outcome: GateOutcome, database: str) -> list[str]:

@@ -135,8 +135,9 @@ def vulnerability_reasons(pair: PairScan, rules: SupplyRules) -> list[Reason]:
                               kind="vulnerability", subject=_subject(f, stack)))
     for f in pair.removed:
         if _counts(rules, f):
-            out.append(Reason(Severity.INFO, f"fixed by the upgrade: {_about(f)} (production has "
-                              f"{f.package} {f.installed})", cell=pair.cell, kind="vulnerability-fixed",
+            out.append(Reason(Severity.INFO, f"fixed by the upgrade: {f.advisory} ({f.severity}) in production's "
+                              f"{f.package} {f.installed} [{f.ecosystem}]: {f.summary[:120]} -- the candidate is not "
+                              "affected", cell=pair.cell, kind="vulnerability-fixed",
                               subject=_subject(f, stack)))
     return out
 

@@ -37,3 +37,13 @@ def test_gated_rows_come_first_with_regressions_on_top_and_ungated_ones_are_coll
     table = html_report._perf_table(ungated)
     assert "<td class='better'>x7.34, +634% (better)</td>" in table
     assert "<td class='worse'>x0.153, -84.7% (worse)</td>" in table
+
+
+def test_the_console_reads_changes_the_same_way() -> None:
+    from stackgate import conclude
+    from stackgate.evidence import Evidence, GateOutcome
+    from stackgate.model import Decision, Verdict
+    rows = (_cmp("recsys.step_time", 10.0, 10.2, "lower", True), _cmp("algbw[size=1048576]", 0.2194, 1.611, "higher"))
+    lines = conclude.performance_lines(GateOutcome(Verdict(Decision.GO, ()), Evidence(rows)))
+    assert lines[0] == "performance: local-cpu recsys.step_time: 10 -> 10.2 ms (x1.02, +2.0% (worse); ok)"
+    assert lines[1] == "not gated: local-cpu algbw[size=1048576]: 0.2194 -> 1.611 GB/s (x7.34, +634% (better))"
