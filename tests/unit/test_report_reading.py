@@ -47,3 +47,12 @@ def test_the_console_reads_changes_the_same_way() -> None:
     lines = conclude.performance_lines(GateOutcome(Verdict(Decision.GO, ()), Evidence(rows)))
     assert lines[0] == "performance: local-cpu recsys.step_time: 10 -> 10.2 ms (x1.02, +2.0% (worse); ok)"
     assert lines[1] == "not gated: local-cpu algbw[size=1048576]: 0.2194 -> 1.611 GB/s (x7.34, +634% (better))"
+
+
+def test_the_reports_open_with_what_decides() -> None:
+    from .test_reports import _report
+    report = _report(fail=True)
+    text = markdown.render(report)
+    assert text.index("## Why") < text.index("## Performance") < text.index("## What changed") < text.index("## Matrix")
+    page = html_report.render(report)
+    assert page.index("<h2>Why</h2>") < page.index("<h2>Performance</h2>") < page.index("<h2>Plots</h2>")

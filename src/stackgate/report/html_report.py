@@ -131,6 +131,15 @@ def render(report: RunReport) -> str:
         h += [f"<tr><td><code>{escape(k.cell)}</code></td><td>{escape(k.test)}</td><td>{escape(k.candidate)}</td>"
               f"<td>{escape(k.production)}</td></tr>" for k in known]
         h.append("</table>")
+    ev = report.evidence
+    if ev.comparisons:
+        gated, ungated = performance_rows(ev.comparisons)
+        h.append("<h2>Performance</h2>")
+        if gated:
+            h.append(_perf_table(gated))
+        if ungated:
+            h.append(f"<details><summary>{len(ungated)} ungated comparison(s): shown, never deciding</summary>"
+                     f"{_perf_table(ungated)}</details>")
     for d in report.diffs:
         h.append(f"<h2>What changed</h2><p class='muted'>{escape(d.production_cell)} → {escape(d.candidate_cell)}</p>"
                  "<table><tr><th></th><th>production</th><th>candidate</th></tr>")
@@ -162,15 +171,6 @@ def render(report: RunReport) -> str:
     plots = _plots(report)
     if plots:
         h.append("<h2>Plots</h2><div class='plots'>" + "".join(plots) + "</div>")
-    ev = report.evidence
-    if ev.comparisons:
-        gated, ungated = performance_rows(ev.comparisons)
-        h.append("<h2>Performance</h2>")
-        if gated:
-            h.append(_perf_table(gated))
-        if ungated:
-            h.append(f"<details><summary>{len(ungated)} ungated comparison(s): shown, never deciding</summary>"
-                     f"{_perf_table(ungated)}</details>")
     if ev.new_warnings:
         h.append("<h2>New warnings in the candidate</h2><ul>")
         h += [f"<li><code>{escape(cell)}</code>: {escape(w)}</li>" for cell, ws in ev.new_warnings.items() for w in ws]

@@ -46,6 +46,17 @@ def render(report: RunReport) -> str:
         lines += [f"| {md_escape(k.cell)} | {md_escape(k.test)} | {md_escape(k.candidate)} | {md_escape(k.production)} |"
                   for k in known]
         lines.append("")
+    ev = report.evidence
+    if ev.comparisons:
+        head = ["| cell | metric | production | candidate | change (candidate vs production) | 95% CI of the change | "
+                "tolerance | outcome |", "|---|---|---|---|---|---|---|---|"]
+        gated, ungated = performance_rows(ev.comparisons)
+        lines += ["## Performance (candidate vs production)", ""]
+        if gated:
+            lines += [*head, *(_perf_row(c) for c in gated), ""]
+        if ungated:
+            lines += [f"<details><summary>{len(ungated)} ungated comparison(s): shown, never deciding</summary>", "",
+                      *head, *(_perf_row(c) for c in ungated), "", "</details>", ""]
     for d in report.diffs:
         lines += [f"## What changed: {md_escape(d.production_cell)} → {md_escape(d.candidate_cell)}", "",
                   "| | production | candidate |", "|---|---|---|"]
@@ -98,17 +109,6 @@ def render(report: RunReport) -> str:
         lines += ["<details><summary>Pruned cells (cannot exist)</summary>", "", "| cell | rule |", "|---|---|"]
         lines += [f"| {md_escape(p.cell.id)} | {md_escape('; '.join(p.reasons))} |" for p in report.pruned]
         lines += ["", "</details>", ""]
-    ev = report.evidence
-    if ev.comparisons:
-        head = ["| cell | metric | production | candidate | change (candidate vs production) | 95% CI of the change | "
-                "tolerance | outcome |", "|---|---|---|---|---|---|---|---|"]
-        gated, ungated = performance_rows(ev.comparisons)
-        lines += ["## Performance (candidate vs production)", ""]
-        if gated:
-            lines += [*head, *(_perf_row(c) for c in gated), ""]
-        if ungated:
-            lines += [f"<details><summary>{len(ungated)} ungated comparison(s): shown, never deciding</summary>", "",
-                      *head, *(_perf_row(c) for c in ungated), "", "</details>", ""]
     if ev.parity:
         lines += ["## Numerics", "", "| cell | metric | bitwise | within tolerance | worst step | worst diff |",
                   "|---|---|---|---|---|---|"]
