@@ -186,9 +186,9 @@ def trends(path: Path, *, channel: str, matrix: str, limit: int = 10,
            current: tuple[str, str, Sequence[CellResult]] | None = None,
            suite: str | None = None) -> dict[str, list[TrendPoint]]:
     """Each key metric over the last runs of the same channel and run definition (matrix, and `suite`
-    when given: a run recorded without one is not of it), production and candidate apart; `current`
-    (run id, started, results) adds the run being reported before it is recorded, and then only metrics
-    it recorded itself are trended (a user suite's report never shows the bundled suite's metrics)."""
+    when given: a run recorded without one is not of it, and a user suite's report never shows the
+    bundled suite's metrics), production and candidate apart; `current` (run id, started, results) adds
+    the run being reported before it is recorded."""
     rows: list[tuple[str, str, str, str, float]] = []  # run, started, role, metric, median
     if path.exists():
         with connect(path) as conn:
@@ -204,16 +204,11 @@ def trends(path: Path, *, channel: str, matrix: str, limit: int = 10,
                     continue
                 rows += [(run_id, started, role, metric, median) for role, metric, median in conn.execute(
                     "SELECT role, metric, median FROM metrics WHERE run_id = ?", (run_id,))]
-    own = None
     if current is not None:
-        mine = _metric_rows(current[0], current[2])
-        own = {row[3] for row in mine}
-        rows += [(current[0], current[1], row[2], row[3], row[5]) for row in mine]
+        rows += [(current[0], current[1], row[2], row[3], row[5]) for row in _metric_rows(current[0], current[2])]
     out: dict[str, dict[tuple[str, str], list[float]]] = {}
     runs_started: dict[str, str] = {}
     for run_id, started, role, metric, median in rows:
-        if own is not None and metric not in own:
-            continue
         if any(metric.startswith(prefix.rstrip("*")) for prefix in TREND_METRICS):
             out.setdefault(metric, {}).setdefault((run_id, role), []).append(float(median))
             runs_started[run_id] = started

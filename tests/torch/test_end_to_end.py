@@ -67,7 +67,7 @@ def check_upgrade_run(tmp_path: Path, cache_dir: Path, backend: str) -> None:
     assert all(r["environment"]["env_reused"] for r in results)
     # history persists across runs, and the second report carries the trend of the first
     second_report = json.loads((reports / "two" / "report.json").read_text())
-    assert any(run == "one" for points in second_report["trends"].values() for run, _ in points)
+    assert any(p["run_id"] == "one" for points in second_report["trends"].values() for p in points)
     listing = subprocess.run([sys.executable, "-m", "stackgate", "history", "--history",
                               str(reports / "history.sqlite")], cwd=ROOT, capture_output=True, text=True, check=True)
     assert "one" in listing.stdout and "two" in listing.stdout
