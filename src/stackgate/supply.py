@@ -24,6 +24,7 @@ class StackScan:
     stack: str  # the stack's label
     scanned: bool
     why_not: str = ""  # when not scanned: no database, or no SBOM recorded
+    asked: bool = False  # a database was given (not scanned then is missing evidence, not a choice)
     findings: tuple[osv.Finding, ...] = ()
     packages: int = 0
     unread: tuple[str, ...] = ()  # SBOM lines with no version to match (`name @ file://...`)
@@ -88,8 +89,9 @@ def _stack_scan(cell: Cell, result: CellResult, db: osv.Database | None, why_no_
     if db is None:
         return StackScan(scanned=False, why_not=why_no_db, **common)
     if not packages:
-        return StackScan(scanned=False, why_not="the run recorded no SBOM of this stack (no `pip freeze`)", **common)
-    return StackScan(scanned=True, findings=tuple(db.scan(packages)), **common)
+        return StackScan(scanned=False, asked=True, why_not="the run recorded no SBOM of this stack (no `pip freeze`)",
+                         **common)
+    return StackScan(scanned=True, asked=True, findings=tuple(db.scan(packages)), **common)
 
 
 def scan(cells: Sequence[Cell], results: Mapping[str, CellResult], db: osv.Database | None,
@@ -118,11 +120,17 @@ def _counts(rules: SupplyRules, f: osv.Finding) -> bool:
 
 
 def vulnerability_reasons(pair: PairScan, rules: SupplyRules) -> list[Reason]:
-    if not pair.candidate.scanned:
-        return [Reason(Severity.INFO, f"vulnerabilities: stack {pair.candidate.stack} was not scanned: "
-                       f"{pair.candidate.why_not}", cell=pair.cell, kind="not-scanned")]
+    if not pair.candidate.scanned:  # by choice (no database): said; with a database given: missing evidence
+        return [Reason(Severity.INCONCLUSIVE if pair.candidate.asked else Severity.INFO,
+                       f"vulnerabilities: stack {pair.candidate.stack} was not scanned: {pair.candidate.why_not}",
+                       cell=pair.cell, kind="not-scanned")]
     out = []
     stack = pair.candidate.stack
+    if not pair.production.scanned:  # new or inherited cannot be told apart: never a NO-GO, never a GO
+        return [Reason(Severity.INCONCLUSIVE, f"the candidate has {_about(f)}; production was not scanned "
+                       f"({pair.production.why_not}), so whether the upgrade added it cannot be told", cell=pair.cell,
+                       kind="vulnerability-unclassified", subject=_subject(f, stack))
+                for f in pair.candidate.findings if _counts(rules, f)]
     inherited_severity = {"go": Severity.INFO, "inconclusive": Severity.INCONCLUSIVE,
                           "no-go": Severity.BLOCKING}[rules.inherited]
     for f in pair.inherited:

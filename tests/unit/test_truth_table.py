@@ -409,6 +409,18 @@ def r_allow_listed_vulnerability_past_its_review(s: Situation) -> None:
     s.policy = replace(s.policy, waivers=(_allow(TODAY - dt.timedelta(days=1)),))
 
 
+def r_vulnerability_beside_a_production_without_sbom(s: Situation) -> None:
+    _stack(s, s.cand, "2.5.1")
+    s.edit(s.prod, lambda r: replace(r, environment={k: v for k, v in r.environment.items()
+                                                     if k not in ("stack_packages", "packages")}))
+
+
+def r_database_given_but_the_candidate_recorded_no_sbom(s: Situation) -> None:
+    _stack(s, s.prod, "2.6.0")
+    s.edit(s.cand, lambda r: replace(r, environment={k: v for k, v in r.environment.items()
+                                                     if k not in ("stack_packages", "packages")}))
+
+
 def r_vulnerability_without_a_fix(s: Situation) -> None:
     _stack(s, s.prod, "2.6.0")
     _stack(s, s.cand, "2.6.0", os_packages=(TAR,))  # every tar, no fix published: listed, never blocking
@@ -499,6 +511,8 @@ ROWS: list[tuple[Callable[[Situation], None], Decision, str]] = [
     (r_vulnerability_inherited_and_the_policy_blocks_it, Decision.NO_GO, "vulnerability-inherited"),
     (r_allow_listed_vulnerability_before_its_review, Decision.GO, ""),
     (r_allow_listed_vulnerability_past_its_review, Decision.NO_GO, "allow-expired"),
+    (r_vulnerability_beside_a_production_without_sbom, Decision.INCONCLUSIVE, "vulnerability-unclassified"),
+    (r_database_given_but_the_candidate_recorded_no_sbom, Decision.INCONCLUSIVE, "not-scanned"),
     (r_vulnerability_without_a_fix, Decision.GO, ""),
     (r_vulnerability_below_the_threshold, Decision.GO, ""),
     (r_unrated_fixable_debian_advisory_the_policy_counts, Decision.NO_GO, "vulnerability"),
