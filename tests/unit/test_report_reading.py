@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from stackgate import stats
 from stackgate.evidence import MetricComparison
 from stackgate.report import html_report, markdown
@@ -56,3 +58,30 @@ def test_the_reports_open_with_what_decides() -> None:
     assert text.index("## Why") < text.index("## Performance") < text.index("## What changed") < text.index("## Matrix")
     page = html_report.render(report)
     assert page.index("<h2>Why</h2>") < page.index("<h2>Performance</h2>") < page.index("<h2>Plots</h2>")
+
+
+def test_junit_carries_the_gated_comparisons_in_the_same_terms(tmp_path: Path) -> None:
+    import dataclasses
+    import xml.etree.ElementTree as ET
+
+    from stackgate.report import junit
+
+    from .test_reports import _report
+    report = _report()
+    rows = (_cmp("vit.step_time", 10.0, 10.1, "lower", True), _cmp("recsys.step_time", 10.0, 20.0, "lower", True),
+            _cmp("algbw[size=1048576]", 0.2194, 1.611, "higher"))
+    gate = dataclasses.replace(report.gate, evidence=dataclasses.replace(report.evidence, comparisons=rows))
+    report = dataclasses.replace(report, gate=gate)
+    junit.write(report, tmp_path / "junit.xml")
+    root = ET.parse(tmp_path / "junit.xml").getroot()
+    [suite] = [s for s in root.iter("testsuite") if s.get("name") == "performance"]
+    cases = suite.findall("testcase")
+    assert [c.get("name") for c in cases] == ["recsys.step_time", "vit.step_time"]  # gated only, regression first
+    assert suite.get("tests") == "2" and suite.get("failures") == "1"
+    failure = cases[0].find("failure")
+    assert failure is not None and "x2, +100% (worse)" in failure.get("message", "")
+    props = {p.get("name"): p.get("value") for p in cases[0].iter("property")}
+    assert props["reading"] == "x2, +100% (worse)" and props["outcome"] == "regression" and props["ratio"] == "2"
+    assert cases[1].find("failure") is None and "x1.01, +1.0% (worse)" in (cases[1].findtext("system-out") or "")
+    assert {p.get("name"): p.get("value") for p in suite.find("properties")}["ungated-comparisons"].startswith("1 ")
+    assert int(root.get("tests")) == len(list(root.iter("testcase")))  # the totals count the new testcases

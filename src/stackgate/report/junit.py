@@ -1,5 +1,7 @@
 """junit.xml: a testsuite per cell, a testcase per cell x test; not-run and pruned cells appear as
-skipped testcases so nothing silently disappears."""
+skipped testcases so nothing silently disappears. The gated performance comparisons are a testsuite
+of their own, read as the other reports read them (the metric's own terms: ratio, percent change of
+the value, better or worse), regressions first."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from stackgate.model import CellResult, Status
-from stackgate.report.data import RunReport
+from stackgate.report.data import RunReport, performance_rows
 from stackgate.report.files import atomic_write
 
 _INVALID_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
@@ -61,6 +63,40 @@ def _suite(root: ET.Element, name: str, result: CellResult | None, totals: dict[
     suite.set("time", f"{result.duration_s:.3f}" if result else "0")
 
 
+def _performance(root: ET.Element, report: RunReport, totals: dict[str, int]) -> None:
+    """A testcase per gated comparison: a regression fails, an undecided one is skipped with its reason,
+    the rest pass; each carries its reading as properties. Ungated ones decide nothing: counted only."""
+    gated, ungated = performance_rows(report.evidence.comparisons)
+    if not gated:
+        return
+    suite = ET.SubElement(root, "testsuite", name="performance", time="0")
+    props = ET.SubElement(suite, "properties")
+    ET.SubElement(props, "property", name="ungated-comparisons", value=f"{len(ungated)} (report.md lists them)")
+    counts = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
+    for c in gated:
+        k = c.comparison
+        case = ET.SubElement(suite, "testcase", classname=f"performance.{c.cell}", name=_clean(c.metric), time="0")
+        fields = {"production": f"{k.base_median:.4g} {c.unit}".strip(), "candidate": f"{k.cand_median:.4g} {c.unit}".strip(),
+                  "ratio": f"{k.ratio:.4g}", "change": f"{k.value_change():+.4f}", "reading": k.reading(),
+                  "tolerance": f"{k.tolerance:.0%} worse", "outcome": k.outcome.value}
+        case_props = ET.SubElement(case, "properties")
+        for name, value in fields.items():
+            ET.SubElement(case_props, "property", name=name, value=_clean(value))
+        text = _clean(f"{c.metric}: {k.describe(c.unit)}")
+        counts["tests"] += 1
+        if k.outcome.value == "regression":
+            ET.SubElement(case, "failure", message=text)
+            counts["failures"] += 1
+        elif k.outcome.value == "inconclusive":
+            ET.SubElement(case, "skipped", message=f"inconclusive: {text}")
+            counts["skipped"] += 1
+        else:
+            ET.SubElement(case, "system-out").text = text
+    for name, n in counts.items():
+        suite.set(name, str(n))
+        totals[name] += n
+
+
 def render(report: RunReport) -> ET.ElementTree:
     root = ET.Element("testsuites", name=f"stackgate {report.matrix}")
     totals = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
@@ -68,6 +104,7 @@ def render(report: RunReport) -> ET.ElementTree:
         _suite(root, cell.id, result, totals)
     for rollback in report.rollbacks:  # production reading each candidate's artifacts
         _suite(root, rollback.cell_id, rollback, totals)
+    _performance(root, report, totals)
     known = [(f"{k.cell} {k.test}", f"pre-existing failure (fails in production too): candidate {k.candidate}; "
                                      f"production {k.production}") for k in report.evidence.preexisting]
     for group, items in (("preexisting-failures", known),
