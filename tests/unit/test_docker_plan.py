@@ -294,3 +294,44 @@ def test_a_cached_image_that_fails_its_check_is_rebuilt(backend: tuple[DockerBac
     assert not again.reused and engine.removed == [first.ref] and len(engine.builds) == 2
     engine.probe = "stackgate-probe 2.12.0+cu130"
     assert not docker.prepare(STACK, tmp_path / "build.log").reused  # another torch in the image: rebuilt too
+
+
+def test_an_interrupt_inside_containers_run_leaves_no_container_behind() -> None:
+    """Ctrl-C (or SIGTERM, raised as an exception) while the SDK's `containers.run` is waiting on the
+    engine: the engine has made the container, the call never returned it; it is removed by name."""
+    import docker
+
+    from stackgate.backends.docker.engine import DockerEngine
+
+    class Made:
+        def __init__(self, engine: dict[str, Made], name: str) -> None:
+            self.engine, self.name = engine, name
+
+        def remove(self, force: bool = False) -> None:
+            del self.engine[self.name]
+
+    class Containers:
+        def __init__(self) -> None:
+            self.alive: dict[str, Made] = {}
+
+        def run(self, image: str, **kwargs: object) -> Made:
+            name = str(kwargs["name"])
+            self.alive[name] = Made(self.alive, name)
+            if name.endswith("node1"):
+                raise KeyboardInterrupt  # the engine started it; the answer never came back
+            return self.alive[name]
+
+        def get(self, name: str) -> Made:
+            if name not in self.alive:
+                raise docker.errors.NotFound(name)
+            return self.alive[name]
+
+    class Client:
+        containers = Containers()
+
+    engine = DockerEngine()
+    engine._client = Client()
+    specs = [ContainerSpec(f"sg-x-suite-node{i}", "img", ("true",), {}, (), f"node{i}") for i in range(3)]
+    with pytest.raises(KeyboardInterrupt):
+        engine.run_group(specs, network=None, timeout_s=5, on_line=None)
+    assert Client.containers.alive == {}  # node0 (returned) and node1 (never returned) are both gone

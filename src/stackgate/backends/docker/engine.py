@@ -246,6 +246,14 @@ class DockerEngine:
                 except Exception:
                     time.sleep(0.5)
 
+    def _remove_unreturned(self, specs: Sequence[ContainerSpec]) -> None:
+        """An interrupt inside `containers.run` can leave a container the engine created (or started)
+        but the call never returned: it is found by its name and removed too."""
+        import docker
+        for spec in specs:
+            with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
+                self.client.containers.get(spec.name).remove(force=True)
+
     def run_group(self, specs: Sequence[ContainerSpec], *, network: str | None, timeout_s: float,
                   on_line: Printer | None) -> list[ContainerExit]:
         import docker
@@ -274,6 +282,7 @@ class DockerEngine:
                     for c in containers:
                         with contextlib.suppress(Exception):
                             c.remove(force=True)
+                    self._remove_unreturned(specs[len(containers):])
         except docker.errors.ImageNotFound as exc:
             raise InfraError(f"image missing: {exc}") from None
         except docker.errors.APIError as exc:
