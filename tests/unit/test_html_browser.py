@@ -67,9 +67,10 @@ def _dom(page: Path, tmp_path: Path) -> str:
     return proc.stdout
 
 
-def _readme_report(tmp_path: Path) -> RunReport:
+def _readme_report(tmp_path: Path, earlier: bool = True) -> RunReport:
     """The README main command's recorded run (production 2.13.0+cpu, candidate 2.14.1 on the CPU pool)
-    with a history: an earlier run of the same definition, and one of a user's suite on the same matrix."""
+    with a history: an earlier run of the same definition, and one of a user's suite on the same matrix;
+    or, `earlier` False, the first run of a fresh clone (each trend has one date)."""
     rec = selftest.recorded("cpu")
     rows = [CellResult.from_json(json.loads(line)) for line in
             shipped.resource("selftest", "recorded-cpu.jsonl").read_text().splitlines() if line.strip()]
@@ -79,8 +80,9 @@ def _readme_report(tmp_path: Path) -> RunReport:
     cells = (rec.production, rec.candidate)
     outcome = gate.decide(cells, (), results, load_policy(shipped.MATRIX_DIR / "policy.toml"), dt.date(2026, 12, 1))
     db = tmp_path / "history.sqlite"
-    for run_id, started, suite, metrics in (("earlier", "2026-11-28T09:00:00Z", "bundled", None),
-                                            ("user", "2026-11-30T09:00:00Z", "/home/me/suite", "other")):
+    before = (("earlier", "2026-11-28T09:00:00Z", "bundled", None),
+              ("user", "2026-11-30T09:00:00Z", "/home/me/suite", "other"))
+    for run_id, started, suite, metrics in before if earlier else ():
         mine = [dataclasses.replace(r, metrics=tuple(dataclasses.replace(m, name=f"{metrics}.step_time")
                                                      for m in r.metrics) if metrics else r.metrics)
                 for r in results.values()]
@@ -93,8 +95,10 @@ def _readme_report(tmp_path: Path) -> RunReport:
 
 
 @pytest.mark.browser
-def test_every_plot_has_ticks_on_both_axes_keeps_its_text_and_trends_its_own_metrics(tmp_path: Path) -> None:
-    report = _readme_report(tmp_path)
+@pytest.mark.parametrize("earlier", [True, False], ids=["with-history", "first-run"])
+def test_every_plot_has_ticks_on_both_axes_keeps_its_text_and_trends_its_own_metrics(tmp_path: Path,
+                                                                                     earlier: bool) -> None:
+    report = _readme_report(tmp_path, earlier)
     page = tmp_path / "report.html"
     html_report.write(report, page)
     measured_page = tmp_path / "measured.html"
@@ -109,6 +113,8 @@ def test_every_plot_has_ticks_on_both_axes_keeps_its_text_and_trends_its_own_met
         assert len(fig["x"]) >= 2 and len(fig["y"]) >= 2, fig  # tick labels on both axes
         assert not fig["outside"], fig  # no text overflows its plot box
         assert not fig["overlapping"], fig  # no two tick labels of an axis on top of each other
+        assert len(set(fig["x"])) == len(fig["x"]), fig  # each x tick says where it is (a first run's one date
+        # once drew five "01-01" ticks: matplotlib widens a single date to +-2 years)
     busbw = [f for f in figures if any("bus bandwidth by message size" in t for t in f["titles"])]
     assert busbw and all(x.endswith(("B", "KiB", "MiB", "GiB")) for f in busbw for x in f["x"]), busbw
     trends = [f for f in figures if any(t.startswith("trend: ") for t in f["titles"])]
@@ -116,6 +122,7 @@ def test_every_plot_has_ticks_on_both_axes_keeps_its_text_and_trends_its_own_met
     shown = {t[len("trend: "):] for f in trends for t in f["titles"] if t.startswith("trend: ")}
     assert shown and shown <= recorded and not any(s.startswith("other.") for s in shown), shown
     assert all("this run" in f["titles"] and {"production", "candidate"} <= set(f["titles"]) for f in trends)
+    assert all(any("Dec 01" in x or "2026-12-01" in x for x in f["x"] + f["titles"]) for f in trends), trends
     shot = tmp_path / "report.png"
     subprocess.run([_chromium(), *FLAGS, f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1200,1600",
                     f"--screenshot={shot}", page.as_uri()], capture_output=True, timeout=120, check=False)

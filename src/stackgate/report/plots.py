@@ -28,6 +28,10 @@ class Series:
     marker: bool = False
 
 
+# a trend's date ticks by their level (years, months, days, hours, minutes, seconds): a day always with its month
+DATE_FORMATS = ["%Y", "%b", "%b %d", "%H:%M", "%H:%M", "%H:%M:%S"]
+
+
 def size_label(nbytes: float) -> str:
     """1 KiB, 4 MiB, 1 GiB: a message size as people say it."""
     for unit, scale in (("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10)):
@@ -65,8 +69,14 @@ def line(title: str, series: Sequence[Series], *, xlabel: str, ylabel: str, x_si
             ax.xaxis.set_minor_locator(ticker.NullLocator())
             ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: size_label(v)))
         if x_dates:
-            ax.xaxis.set_major_locator(mdates.AutoDateLocator(minticks=2, maxticks=5))  # type: ignore[no-untyped-call]
-            ax.xaxis.set_major_formatter(mdates.DateFormatter("%m-%d"))  # type: ignore[no-untyped-call]
+            days = [_day(x) for _, points in drawn for x, _ in points] + ([_day(current)] if current is not None else [])
+            if max(days) - min(days) < 1:  # one date (a first run): matplotlib would widen it to +-2 years
+                ax.set_xlim(min(days) - 0.5, max(days) + 0.5)
+            locator = mdates.AutoDateLocator(minticks=3, maxticks=6)  # type: ignore[no-untyped-call]
+            ax.xaxis.set_major_locator(locator)
+            ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(  # type: ignore[no-untyped-call]
+                locator, formats=DATE_FORMATS, zero_formats=DATE_FORMATS[:2] + ["%b %d"] * 2 + DATE_FORMATS[4:],
+                offset_formats=["", "%Y", "%Y", "%Y-%m-%d", "%Y-%m-%d", "%Y-%m-%d %H:%M"]))
             if current is not None:
                 ax.axvline(_day(current), color="#9e9e9e", linestyle="--",
                            linewidth=1, label="this run")
