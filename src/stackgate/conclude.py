@@ -164,16 +164,19 @@ def why_lines(verdict: Verdict, limit: int = 10) -> list[str]:
     """The reasons that decided the verdict (blocking for NO-GO, inconclusive for INCONCLUSIVE):
     the first `limit`, and how many more the report has."""
     severity = {Decision.NO_GO: Severity.BLOCKING, Decision.INCONCLUSIVE: Severity.INCONCLUSIVE}.get(verdict.decision)
-    if severity is None:
-        return []
-    deciding = [r for r in verdict.reasons if r.severity is severity]
-    lines = [f"why ({len(deciding)} {severity.value} reason(s)):"]
-    for reason in deciding[:limit]:
-        where = " ".join(x for x in (reason.cell, reason.test) if x)
-        lines.append(f"  - [{reason.kind}] {where}: {reason.message[:300]}" if where
-                     else f"  - [{reason.kind}] {reason.message[:300]}")
-    if len(deciding) > limit:
-        lines.append(f"  ... and {len(deciding) - limit} more in report.md")
+    lines: list[str] = []
+    for head, chosen in ((f"why ({{}} {severity.value} reason(s)):" if severity else "", severity),
+                         ("waived ({} reason(s) the policy lets pass, until their date):", Severity.WAIVED)):
+        picked = [r for r in verdict.reasons if chosen is not None and r.severity is chosen]
+        if not picked:
+            continue
+        lines.append(head.format(len(picked)))
+        for reason in picked[:limit]:
+            where = " ".join(x for x in (reason.cell, reason.test) if x)
+            lines.append(f"  - [{reason.kind}] {where}: {reason.message[:300]}" if where
+                         else f"  - [{reason.kind}] {reason.message[:300]}")
+        if len(picked) > limit:
+            lines.append(f"  ... and {len(picked) - limit} more in report.md")
     return lines
 
 

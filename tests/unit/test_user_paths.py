@@ -185,6 +185,11 @@ def test_console_states_why_first_ten_and_how_many_more() -> None:
     assert len([line for line in lines if line.startswith("  - ")]) == 10
     assert lines[-1] == "  ... and 4 more in report.md"
     assert why_lines(Verdict(Decision.GO, ())) == []
+    waived = Reason(Severity.WAIVED, "GHSA-x in pip 23.2.1 -- allowed until 2027-01-31: reason", cell="c", kind="vulnerability")
+    assert why_lines(Verdict(Decision.GO, (waived,))) == [
+        "waived (1 reason(s) the policy lets pass, until their date):",
+        "  - [vulnerability] c: GHSA-x in pip 23.2.1 -- allowed until 2027-01-31: reason"]  # a GO says what it let pass
+    assert why_lines(Verdict(Decision.INCONCLUSIVE, (*reasons[:1], waived)))[2].startswith("waived (1 ")
 
 
 def test_heartbeat_speaks_during_a_quiet_step() -> None:
