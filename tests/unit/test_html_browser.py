@@ -113,7 +113,7 @@ def test_every_plot_has_ticks_on_both_axes_keeps_its_text_and_trends_its_own_met
         assert len(fig["x"]) >= 2 and len(fig["y"]) >= 2, fig  # tick labels on both axes
         assert not fig["outside"], fig  # no text overflows its plot box
         assert not fig["overlapping"], fig  # no two tick labels of an axis on top of each other
-        assert len(set(fig["x"])) == len(fig["x"]), fig  # each x tick says where it is (a first run's one date
+        assert len(set(fig["x"])) == len(fig["x"]) and len(set(fig["y"])) == len(fig["y"]), fig  # each tick says where it is (a first run's one date
         # once drew five "01-01" ticks: matplotlib widens a single date to +-2 years)
     busbw = [f for f in figures if any("bus bandwidth by message size" in t for t in f["titles"])]
     assert busbw and all(x.endswith(("B", "KiB", "MiB", "GiB")) for f in busbw for x in f["x"]), busbw

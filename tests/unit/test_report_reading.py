@@ -85,3 +85,10 @@ def test_junit_carries_the_gated_comparisons_in_the_same_terms(tmp_path: Path) -
     assert cases[1].find("failure") is None and "x1.01, +1.0% (worse)" in (cases[1].findtext("system-out") or "")
     assert {p.get("name"): p.get("value") for p in suite.find("properties")}["ungated-comparisons"].startswith("1 ")
     assert int(root.get("tests")) == len(list(root.iter("testcase")))  # the totals count the new testcases
+
+
+def test_tick_labels_keep_the_digits_that_tell_them_apart() -> None:
+    from stackgate.report.plots import distinct_digits
+    assert [f"{t:.{distinct_digits([265.6, 265.8, 266.0, 266.2])}g}" for t in (265.6, 265.8)] == ["265.6", "265.8"]
+    assert f"{5480:.{distinct_digits([5460, 5480, 5500])}g}" == "5480"  # no 5.48e+03 below a million
+    assert distinct_digits([0.09, 0.105, 0.12]) == 3 and distinct_digits([1e7, 2e7]) == 3

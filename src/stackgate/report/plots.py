@@ -32,6 +32,17 @@ class Series:
 DATE_FORMATS = ["%Y", "%b", "%b %d", "%H:%M", "%H:%M", "%H:%M:%S"]
 
 
+def distinct_digits(ticks: Sequence[float], least: int = 3) -> int:
+    """Significant digits enough for every tick label to differ (265.8 and 266.2 are not both "266"), and
+    for a value below a million to be written without an exponent (5480, not 5.48e+03)."""
+    finite = [float(t) for t in ticks if math.isfinite(t)]
+    top = max((abs(t) for t in finite), default=0.0)
+    digits = max(least, math.floor(math.log10(top)) + 1 if 1 <= top < 1e6 else least)
+    while digits < 12 and len({f"{t:.{digits}g}" for t in finite}) < len(finite):
+        digits += 1
+    return digits
+
+
 def size_label(nbytes: float) -> str:
     """1 KiB, 4 MiB, 1 GiB: a message size as people say it."""
     for unit, scale in (("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10)):
@@ -81,7 +92,8 @@ def line(title: str, series: Sequence[Series], *, xlabel: str, ylabel: str, x_si
                 ax.axvline(_day(current), color="#9e9e9e", linestyle="--",
                            linewidth=1, label="this run")
         ax.yaxis.set_major_locator(ticker.MaxNLocator(nbins=5))
-        ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:.3g}"))
+        digits = distinct_digits([float(t) for t in ax.get_yticks()])
+        ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:.{digits}g}"))
         ax.set_title(title, loc="left", wrap=True)
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
