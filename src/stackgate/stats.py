@@ -231,15 +231,20 @@ def sign_interval(logs: Sequence[float], confidence: float) -> tuple[float, floa
     return ordered[k - 1], ordered[n - k]
 
 
-def wrecked(logs: Sequence[float], limit: float = 3.5) -> bool:
-    """Whether some pairs stand apart from the rest: a modified z-score |x - median| / (1.4826 MAD)
-    beyond `limit` (Iglewicz and Hoaglin's rule for outliers). Only then does the paired statistic
-    use the sign test: on clean pairs the t interval is the narrower (benchmarks/paired_stats.py)."""
+def apart(logs: Sequence[float], limit: float = 3.5) -> list[bool]:
+    """Which values stand apart from the rest: a modified z-score |x - median| / (1.4826 MAD) beyond
+    `limit` (Iglewicz and Hoaglin's rule for outliers)."""
     centre = median(logs)
     spread = 1.4826 * median(abs(x - centre) for x in logs)
     if spread == 0:
-        return any(x != centre for x in logs)
-    return any(abs(x - centre) / spread > limit for x in logs)
+        return [x != centre for x in logs]
+    return [abs(x - centre) / spread > limit for x in logs]
+
+
+def wrecked(logs: Sequence[float], limit: float = 3.5) -> bool:
+    """Whether some pairs stand apart from the rest (`apart`). Only then does the paired statistic
+    use the sign test: on clean pairs the t interval is the narrower (benchmarks/paired_stats.py)."""
+    return any(apart(logs, limit))
 
 
 def paired(base_runs: Sequence[Sequence[float]], cand_runs: Sequence[Sequence[float]], *, better: str,
