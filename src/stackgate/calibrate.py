@@ -83,7 +83,7 @@ class Recommendation:
                 f"as OK: tolerance {self.tolerance:.1%} with repeats = {self.repeats}")
         if self.apart:
             text += (f" ({self.apart} of {self.pairs} A/A pairs stood apart, a run slowed whole, and are left out"
-                     " of the noise; at least 9 repeats, so that the gate's sign test can leave such a pair out)")
+                     " of the noise; repeats enough for the gate's sign test to leave such a pair out)")
         if self.detects > target:
             text += f" (not enough: {self.repeats} repeats detect {self.detects:.1%}; use a quieter runner)"
         return text
@@ -96,6 +96,6 @@ def recommend(found: Noise, target: float, allow: float, confidence: float = 0.9
     tolerance = (allow + target) / 2
     n = next((n for n in range(2, most + 1) if detectable(found.sigma, n, tolerance, confidence) <= target), most)
     if found.apart:  # runs slowed whole happen here: enough pairs for the sign test to leave one out
-        n = max(n, next(k for k in range(2, most + 1) if stats.sign_interval([0.0] * k, confidence) is not None))
+        n = max(n, stats.sign_test_pairs(confidence))
     return Recommendation(found.metric, found.sigma, tolerance, n, detectable(found.sigma, n, tolerance, confidence),
                           allow, found.apart, found.pairs)

@@ -164,10 +164,12 @@ def why_lines(verdict: Verdict, limit: int = 10) -> list[str]:
     """The reasons that decided the verdict (blocking for NO-GO, inconclusive for INCONCLUSIVE):
     the first `limit`, and how many more the report has."""
     severity = {Decision.NO_GO: Severity.BLOCKING, Decision.INCONCLUSIVE: Severity.INCONCLUSIVE}.get(verdict.decision)
+    groups = [("waived ({} reason(s) the policy lets pass, until their date):", Severity.WAIVED)]
+    if severity is not None:
+        groups.insert(0, (f"why ({{}} {severity.value} reason(s)):", severity))
     lines: list[str] = []
-    for head, chosen in ((f"why ({{}} {severity.value} reason(s)):" if severity else "", severity),
-                         ("waived ({} reason(s) the policy lets pass, until their date):", Severity.WAIVED)):
-        picked = [r for r in verdict.reasons if chosen is not None and r.severity is chosen]
+    for head, chosen in groups:
+        picked = [r for r in verdict.reasons if r.severity is chosen]
         if not picked:
             continue
         lines.append(head.format(len(picked)))

@@ -231,6 +231,11 @@ def sign_interval(logs: Sequence[float], confidence: float) -> tuple[float, floa
     return ordered[k - 1], ordered[n - k]
 
 
+def sign_test_pairs(confidence: float, most: int = 1000) -> int:
+    """The fewest pairs for which `sign_interval` leaves a value out at each end (9 at 95%)."""
+    return next(n for n in range(2, most + 1) if sign_interval([0.0] * n, confidence) is not None)
+
+
 def apart(logs: Sequence[float], limit: float = 3.5) -> list[bool]:
     """Which values stand apart from the rest: a modified z-score |x - median| / (1.4826 MAD) beyond
     `limit` (Iglewicz and Hoaglin's rule for outliers)."""

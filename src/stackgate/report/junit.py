@@ -13,6 +13,7 @@ from pathlib import Path
 from stackgate.model import CellResult, Status
 from stackgate.report.data import RunReport, performance_rows
 from stackgate.report.files import atomic_write
+from stackgate.stats import Outcome
 
 _INVALID_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
 
@@ -84,10 +85,10 @@ def _performance(root: ET.Element, report: RunReport, totals: dict[str, int]) ->
             ET.SubElement(case_props, "property", name=name, value=_clean(value))
         text = _clean(f"{c.metric}: {k.describe(c.unit)}")
         counts["tests"] += 1
-        if k.outcome.value == "regression":
+        if k.outcome is Outcome.REGRESSION:
             ET.SubElement(case, "failure", message=text)
             counts["failures"] += 1
-        elif k.outcome.value == "inconclusive":
+        elif k.outcome is Outcome.INCONCLUSIVE:
             ET.SubElement(case, "skipped", message=f"inconclusive: {text}")
             counts["skipped"] += 1
         else:

@@ -30,6 +30,8 @@ class Series:
 
 # a trend's date ticks by their level (years, months, days, hours, minutes, seconds): a day always with its month
 DATE_FORMATS = ["%Y", "%b", "%b %d", "%H:%M", "%H:%M", "%H:%M:%S"]
+ZERO_DATE_FORMATS = ["%Y", "%b", "%b %d", "%b %d", "%H:%M", "%H:%M:%S"]  # midnight at the hour level: its day
+OFFSET_DATE_FORMATS = ["", "%Y", "%Y", "%Y-%m-%d", "%Y-%m-%d", "%Y-%m-%d %H:%M"]
 
 
 def distinct_digits(ticks: Sequence[float], least: int = 3) -> int:
@@ -68,10 +70,14 @@ def line(title: str, series: Sequence[Series], *, xlabel: str, ylabel: str, x_si
     with matplotlib.rc_context(STYLE):  # type: ignore[arg-type]
         fig = Figure(figsize=(4.6, 2.8), dpi=100, layout="constrained")
         ax = fig.add_subplot()
+        marked = _day(current) if x_dates and current is not None else None
+        days = [marked] if marked is not None else []
         for i, (s, points) in enumerate(drawn):
             if not points:
                 continue
             xs = [_day(x) if x_dates else x for x, _ in points]
+            if x_dates:
+                days += xs
             ax.plot(xs, [y for _, y in points], color=SERIES[i % len(SERIES)], label=s.label,
                     marker="o" if s.marker or len(points) <= 12 else None, markersize=3, linewidth=1.5)
         if x_sizes:
@@ -80,16 +86,14 @@ def line(title: str, series: Sequence[Series], *, xlabel: str, ylabel: str, x_si
             ax.xaxis.set_minor_locator(ticker.NullLocator())
             ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: size_label(v)))
         if x_dates:
-            days = [_day(x) for _, points in drawn for x, _ in points] + ([_day(current)] if current is not None else [])
             if max(days) - min(days) < 1:  # one date (a first run): matplotlib would widen it to +-2 years
                 ax.set_xlim(min(days) - 0.5, max(days) + 0.5)
             locator = mdates.AutoDateLocator(minticks=3, maxticks=6)  # type: ignore[no-untyped-call]
             ax.xaxis.set_major_locator(locator)
             ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(  # type: ignore[no-untyped-call]
-                locator, formats=DATE_FORMATS, zero_formats=DATE_FORMATS[:2] + ["%b %d"] * 2 + DATE_FORMATS[4:],
-                offset_formats=["", "%Y", "%Y", "%Y-%m-%d", "%Y-%m-%d", "%Y-%m-%d %H:%M"]))
-            if current is not None:
-                ax.axvline(_day(current), color="#9e9e9e", linestyle="--",
+                locator, formats=DATE_FORMATS, zero_formats=ZERO_DATE_FORMATS, offset_formats=OFFSET_DATE_FORMATS))
+            if marked is not None:
+                ax.axvline(marked, color="#9e9e9e", linestyle="--",
                            linewidth=1, label="this run")
         ax.yaxis.set_major_locator(ticker.MaxNLocator(nbins=5))
         digits = distinct_digits([float(t) for t in ax.get_yticks()])
