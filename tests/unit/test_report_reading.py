@@ -92,3 +92,21 @@ def test_tick_labels_keep_the_digits_that_tell_them_apart() -> None:
     assert [f"{t:.{distinct_digits([265.6, 265.8, 266.0, 266.2])}g}" for t in (265.6, 265.8)] == ["265.6", "265.8"]
     assert f"{5480:.{distinct_digits([5460, 5480, 5500])}g}" == "5480"  # no 5.48e+03 below a million
     assert distinct_digits([0.09, 0.105, 0.12]) == 3 and distinct_digits([1e7, 2e7]) == 3
+
+
+def test_trend_dates_never_repeat_a_tick_label() -> None:
+    """A first run (one date), runs hours apart, runs a day and a half apart (hour ticks would read
+    "12:00" twice), a week: every x tick label of the trend says a different time."""
+    import re
+    import warnings
+
+    from stackgate.report import plots
+    now = plots.timestamp("2026-12-02T04:01:37Z")
+    for span_h in (0, 8, 20, 24, 36, 48, 150):
+        series = [plots.Series("production", [(now - span_h * 3600, 1.0), (now, 1.1)])]
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # matplotlib warns when its date locator finds no interval
+            svg = plots.line("t", series, xlabel="run date (UTC)", ylabel="median", x_dates=True, current=now)
+        ticks = [re.search(r"<text[^>]*>([^<]*)</text>", chunk).group(1)  # type: ignore[union-attr]
+                 for chunk in svg.split('<g id="xtick_')[1:]]
+        assert len(ticks) >= 2 and len(set(ticks)) == len(ticks), (span_h, ticks)

@@ -89,9 +89,15 @@ def line(title: str, series: Sequence[Series], *, xlabel: str, ylabel: str, x_si
             if max(days) - min(days) < 1:  # one date (a first run): matplotlib would widen it to +-2 years
                 ax.set_xlim(min(days) - 0.5, max(days) + 0.5)
             locator = mdates.AutoDateLocator(minticks=3, maxticks=6)  # type: ignore[no-untyped-call]
+            concise = mdates.ConciseDateFormatter(  # type: ignore[no-untyped-call]
+                locator, formats=DATE_FORMATS, zero_formats=ZERO_DATE_FORMATS, offset_formats=OFFSET_DATE_FORMATS)
             ax.xaxis.set_major_locator(locator)
-            ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(  # type: ignore[no-untyped-call]
-                locator, formats=DATE_FORMATS, zero_formats=ZERO_DATE_FORMATS, offset_formats=OFFSET_DATE_FORMATS))
+            ax.xaxis.set_major_formatter(concise)
+            labels = concise.format_ticks(ax.get_xticks())  # type: ignore[no-untyped-call]
+            if len(set(labels)) < len(labels):  # hours over more than a day: "12:00" twice; say the day too
+                fewer = mdates.AutoDateLocator(minticks=2, maxticks=5)  # type: ignore[no-untyped-call]
+                ax.xaxis.set_major_locator(fewer)
+                ax.xaxis.set_major_formatter(mdates.DateFormatter("%b %d %H:%M"))  # type: ignore[no-untyped-call]
             if marked is not None:
                 ax.axvline(marked, color="#9e9e9e", linestyle="--",
                            linewidth=1, label="this run")
