@@ -12,14 +12,17 @@ The interference of a run is the largest of the three shares. A source the kerne
 absent, never zero: a runner without PSI gives no pressure figure, and the gate does not pretend it
 was quiet (it uses the run, as it would have before).
 
-Where: the harness host. For the local backends (venv, host, Docker) that is the runner the nodes run
-on; for Slurm it is the submitting host, not the compute nodes (their pressure is not measured).
+Where: the machine the nodes run on. For the local backends (venv, host, Docker) that is the harness
+host, read here around the cell. A Slurm job's tasks take the same counters on their compute node
+before and after the node's command (`SNAPSHOT`, a shell function; `parse` reads its text), so a Slurm
+cell's interference is its busiest node's, not the submitting host's.
 """
 
 from __future__ import annotations
 
 import re
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -94,6 +97,33 @@ def read() -> Counters:
     return Counters(time.monotonic(), some, full, steal, total, _throttled(_read(stat)) if stat else None)
 
 
+# The same counters taken by a shell on another machine (a Slurm task on its compute node): the
+# node's name, the uptime as the clock, PSI, the `cpu` line of /proc/stat and the task's cgroup
+# cpu.stat (v2, else v1's `cpu` controller), each absent where the node does not offer it.
+SNAPSHOT = ("sg_snapshot() { echo \"node ${SLURMD_NODENAME:-$(hostname -s)}\"; "
+            "echo \"uptime $(cut -d' ' -f1 /proc/uptime)\"; cat /proc/pressure/cpu 2>/dev/null; "
+            "grep '^cpu ' /proc/stat; "
+            "for f in $(awk -F: '$1==\"0\" && $2==\"\" {print \"/sys/fs/cgroup\" $3 \"/cpu.stat\"} "
+            "$2 ~ /(^|,)cpu(,|$)/ {print \"/sys/fs/cgroup/\" $2 $3 \"/cpu.stat\"}' /proc/self/cgroup); do "
+            "if [ -r \"$f\" ]; then cat \"$f\"; break; fi; done; }")
+
+
+def parse(text: str) -> Counters | None:
+    """Counters from one `SNAPSHOT` (None: it has no clock, e.g. the file was cut short)."""
+    uptime = re.search(r"^uptime (\d+(?:\.\d+)?)$", text, re.M)
+    if uptime is None:
+        return None
+    some, full = _psi(text)
+    steal, total = _steal(text)
+    return Counters(float(uptime.group(1)), some, full, steal, total, _throttled(text))
+
+
+def snapshot_node(text: str) -> str:
+    """The node a `SNAPSHOT` was taken on ("" if it does not say)."""
+    found = re.search(r"^node (\S+)$", text, re.M)
+    return found.group(1) if found else ""
+
+
 @dataclass(frozen=True)
 class Pressure:
     """Shares (0..1) of one run's wall time; None where the source is not offered."""
@@ -103,6 +133,7 @@ class Pressure:
     full: float | None = None
     steal: float | None = None
     throttled: float | None = None
+    where: str = ""  # "" the harness host; else the machine measured, e.g. "slurm node n2"
 
     @property
     def interference(self) -> float | None:
@@ -114,19 +145,21 @@ class Pressure:
         parts = [f"{name} {value:.0%}" for name, value in (("CPU pressure (PSI some)", self.some),
                                                            ("steal", self.steal), ("throttled", self.throttled))
                  if value is not None]
-        return ", ".join(parts) or "not measurable here"
+        return (", ".join(parts) or "not measurable here") + (f" on {self.where}" if self.where else "")
 
     def to_json(self) -> dict[str, Any]:
         return {"wall_s": round(self.wall_s, 3), "some": _r(self.some), "full": _r(self.full), "steal": _r(self.steal),
-                "throttled": _r(self.throttled), "interference": _r(self.interference)}
+                "throttled": _r(self.throttled), "interference": _r(self.interference),
+                **({"where": self.where} if self.where else {})}
 
     @staticmethod
     def from_json(data: Any) -> Pressure | None:
         if not isinstance(data, dict):
             return None
         try:
-            return Pressure(float(data.get("wall_s", 0.0)), *(_f(data.get(k)) for k in ("some", "full", "steal",
-                                                                                         "throttled")))
+            return Pressure(float(data.get("wall_s", 0.0)), some=_f(data.get("some")), full=_f(data.get("full")),
+                            steal=_f(data.get("steal")), throttled=_f(data.get("throttled")),
+                            where=str(data.get("where", "")))
         except (TypeError, ValueError):
             return None
 
@@ -152,6 +185,28 @@ def between(start: Counters, end: Counters) -> Pressure:
         steal = share(start.steal, end.steal, max(end.cpu_total - start.cpu_total, 1))
     return Pressure(wall, share(start.some_us, end.some_us, wall * 1e6), share(start.full_us, end.full_us, wall * 1e6),
                     steal, share(start.throttled_us, end.throttled_us, wall * 1e6))
+
+
+def busiest(parts: Sequence[Pressure]) -> Pressure | None:
+    """One figure for a cell measured on several machines, several times (a Slurm cell: each
+    invocation's job, on each node): per machine, each share over all its runs (weighted by their wall
+    time, over the runs that offer it); then the machine with the largest interference."""
+    by_where: dict[str, list[Pressure]] = {}
+    for part in parts:
+        by_where.setdefault(part.where, []).append(part)
+
+    def over(shares: list[tuple[float | None, float]]) -> float | None:
+        offered = [(v, w) for v, w in shares if v is not None]
+        weight = sum(w for _, w in offered)
+        if not offered:
+            return None
+        return sum(v * w for v, w in offered) / weight if weight > 0 else max(v for v, _ in offered)
+
+    machines = [Pressure(sum(r.wall_s for r in runs), some=over([(r.some, r.wall_s) for r in runs]),
+                         full=over([(r.full, r.wall_s) for r in runs]), steal=over([(r.steal, r.wall_s) for r in runs]),
+                         throttled=over([(r.throttled, r.wall_s) for r in runs]), where=where)
+                for where, runs in by_where.items()]
+    return max(machines, key=lambda m: -1.0 if m.interference is None else m.interference, default=None)
 
 
 def of_result(environment: dict[str, Any]) -> Pressure | None:

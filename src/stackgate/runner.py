@@ -89,7 +89,9 @@ def run_cell(backend: Backend, cell: Cell, handle: EnvHandle, ctx: RunContext,
     before = gauge()  # how busy the runner is while the nodes run: evidence beside their metrics
     for group in node_commands(cell, ctx, layout):
         exits += backend.execute(handle, group, deadline, exe)
-    extra = {**backend.describe(handle), "pressure": pressure.between(before, gauge()).to_json(),
+    here = pressure.between(before, gauge())
+    on_nodes = pressure.busiest([e.pressure for e in exits if e.pressure is not None])  # Slurm: the nodes' own
+    extra = {**backend.describe(handle), "pressure": (on_nodes or here).to_json(),
              **({"refused_links": list(ctx.refused_links)} if ctx.refused_links else {})}
     return build_result(cell, exits, evidence, time.monotonic() - start, ctx, extra_env=extra)
 

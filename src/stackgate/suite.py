@@ -23,6 +23,7 @@ from stackgate.installer import is_disk_full  # the installers' rule serves the 
 from stackgate.junit import parse_junit
 from stackgate.masking import Masker
 from stackgate.model import MAIN, ROLLBACK, Cell, CellResult, Metric, Phase, Status, TestOutcome
+from stackgate.pressure import Pressure
 from stackgate.shipped import BUNDLED_SUITE
 
 RDZV_PORT = 29400  # the c10d rendezvous port of node0 where a cell has a host of its own (containers, Slurm)
@@ -227,6 +228,7 @@ class NodeExit:
     duration_s: float = 0.0
     tail: str = ""
     leftovers: tuple[str, ...] = ()  # processes of this node's command still alive after it ended: ended then
+    pressure: Pressure | None = None  # measured where the node ran, by a backend whose nodes are not the harness host
 
 
 def node_commands(cell: Cell, ctx: RunContext, layout: Layout) -> list[tuple[NodeCommand, ...]]:

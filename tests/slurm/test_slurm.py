@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from stackgate import suite
+from stackgate import pressure, suite
 from stackgate.backends.base import EnvHandle
 from stackgate.backends.slurm import SlurmBackend
 from stackgate.backends.venv import VenvBackend
@@ -51,6 +51,11 @@ def test_a_two_node_cell_trains_fsdp_and_all_reduces_across_two_slurm_nodes(
     script = (cell_dir / "slurm" / "job-suite.sbatch").read_text()
     assert "#SBATCH --nodes=2" in script and "#SBATCH --partition=cpu" in script and "#SBATCH --time=10" in script
     assert result.environment["launcher"] == "slurm"
+    seen = pressure.of_result(result.environment)  # #22: measured by each task on its node, the busiest node's
+    assert seen is not None and seen.where in ("slurm node n1", "slurm node n2") and seen.wall_s > 0
+    assert seen.some is not None and seen.steal is not None  # PSI and /proc/stat are offered on this kind of machine
+    snapshots = {p.name for p in (cell_dir / "slurm").glob("*.pressure-*")}
+    assert {f"node{n}-suite.pressure-{w}" for n in (0, 1) for w in ("start", "end")} <= snapshots, snapshots
 
 
 def test_a_job_killed_by_its_time_limit_is_a_timeout_with_no_stray_process(

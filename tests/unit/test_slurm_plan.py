@@ -3,13 +3,15 @@ captured `scontrol` output, and each job state's mapping to a cell status (issue
 
 from __future__ import annotations
 
+import subprocess
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
 
-from stackgate import fleet, suite
+from stackgate import fleet, pressure, suite
 from stackgate.backends import slurm
-from stackgate.backends.memory import MemoryBackend
+from stackgate.backends.memory import Gauge, MemoryBackend
 from stackgate.errors import ConfigError, InfraError, StackgateError
 from stackgate.model import Cell, GpuClass, Role, RunnerPool, SlurmSpec, Stack, Status, Topology
 from stackgate.runner import run_cell
@@ -75,12 +77,15 @@ class FakeCluster(slurm.SlurmBackend):
     """The launcher with sbatch and scontrol answered here: each node writes its exit code unless
     the job state says it was killed."""
 
-    def __init__(self, state: str, codes: tuple[int, ...] = (0, 0)) -> None:
+    def __init__(self, state: str, codes: tuple[int, ...] = (0, 0), files: Mapping[str, str] | None = None) -> None:
         super().__init__(MemoryBackend(), forced=None, env={}, say=lambda _: None)
         self.final, self.codes, self.cancelled = state, codes, False
+        self.files = dict(files or {})  # what the tasks write beside their scripts (the pressure snapshots)
 
     def _submit(self, batch: Path) -> str:
         scripts = batch.parent
+        for name, text in self.files.items():
+            (scripts / name).write_text(text)
         if self.final in ("COMPLETED", "FAILED"):
             for i, code in enumerate(self.codes):
                 (scripts / f"node{i}-{batch.stem.split('-', 1)[1]}.exit").write_text(f"{code}\n")
@@ -157,3 +162,52 @@ def test_a_node_script_runs_with_the_allow_list_not_the_submitting_hosts_environ
     assert seen["STACKGATE_SLURM_ENDPOINT"] == "n1:29400"
     for gone in ("GITHUB_TOKEN", "AWS_SECRET_ACCESS_KEY", "NCCL_API_KEY", "EDITOR"):
         assert gone not in seen, gone
+
+
+def test_each_task_measures_its_own_nodes_interference_around_its_command() -> None:
+    """#22: a Slurm cell's pressure is its compute nodes', taken by the task itself (the submitting
+    host's counters say nothing of the nodes)."""
+    script = slurm.job_script(_gpu_cell(), SlurmSpec("gpu"), name="sg-x-suite", label="suite",
+                              scripts=Path("/shared/s"), workdir=Path("/shared/w"), seconds=60, port=29400)
+    task = script[script.index("bash -c "):]
+    assert task.index("sg_snapshot > /shared/s/node${SLURM_NODEID}-suite.pressure-start") \
+        < task.index("bash /shared/s/node${SLURM_NODEID}-suite.sh") \
+        < task.index("sg_snapshot > /shared/s/node${SLURM_NODEID}-suite.pressure-end")
+    ran = subprocess.run(["bash", "-c", f"{pressure.SNAPSHOT}; sg_snapshot"], capture_output=True, text=True,
+                         env={"PATH": "/usr/bin:/bin", "SLURMD_NODENAME": "n7"}, check=True).stdout
+    counters = pressure.parse(ran)  # the real shell function on this machine, read back by the parser
+    assert counters is not None and counters.at > 0 and counters.cpu_total
+    assert pressure.snapshot_node(ran) == "n7"
+    if Path("/proc/pressure/cpu").exists():
+        assert counters.some_us is not None
+    assert pressure.parse("node n7\n") is None  # cut short before its clock: nothing to measure with
+
+
+def test_the_cells_pressure_is_its_busiest_nodes_not_the_submitting_hosts(tmp_path: Path) -> None:
+    snapshots = {f"node{i}-suite.pressure-{w}": (DATA / f"pressure-n{i + 1}-{w}.txt").read_text()
+                 for i in (0, 1) for w in ("start", "end")}
+    backend = FakeCluster("FAILED", (0, 1), files=snapshots)
+    cell = _gpu_cell()
+    spec = suite.SuiteSpec(path=tmp_path / "mysuite", platform_checks=False, timeout_s=60)
+    (tmp_path / "mysuite").mkdir()
+    quiet_host = Gauge([0.0])
+    result = run_cell(backend, cell, backend.prepare(STACK, tmp_path / "b.log"), RunContext("r", tmp_path / "run", spec),
+                      gauge=quiet_host)
+    seen = pressure.of_result(result.environment)
+    assert seen is not None and seen.where == "slurm node n2"
+    assert (round(seen.some or 0, 3), round(seen.steal or 0, 3), seen.throttled) == (0.45, 0.05, 0.0)
+    assert seen.describe() == "CPU pressure (PSI some) 45%, steal 5%, throttled 0% on slurm node n2"
+    killed = FakeCluster("TIMEOUT", files={k: v for k, v in snapshots.items() if k.endswith("start")})
+    result = run_cell(killed, cell, killed.prepare(STACK, tmp_path / "b.log"), RunContext("k", tmp_path / "run2", spec),
+                      gauge=Gauge([0.9]))
+    seen = pressure.of_result(result.environment)  # no second snapshot: not measurable, and not the host's 90%
+    assert seen is not None and seen.interference is None and seen.where.startswith("slurm node")
+
+
+def test_a_nodes_share_is_taken_over_all_its_jobs_then_the_busiest_node_counts() -> None:
+    n1 = [pressure.Pressure(10.0, some=0.1, where="n1"), pressure.Pressure(30.0, some=0.5, steal=0.2, where="n1")]
+    n2 = [pressure.Pressure(40.0, some=0.3, where="n2")]
+    worst = pressure.busiest([*n1, *n2])
+    assert worst is not None and worst.where == "n1" and worst.wall_s == 40.0
+    assert (round(worst.some or 0, 3), worst.steal) == (0.4, 0.2)  # (0.1 x 10 + 0.5 x 30) / 40; steal over the job offering it
+    assert pressure.busiest([]) is None

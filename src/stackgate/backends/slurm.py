@@ -18,10 +18,10 @@ import shlex
 import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from stackgate import masking, proc
+from stackgate import masking, pressure, proc
 from stackgate.backends.base import Backend, Described, EnvHandle, Execution, free_port
 from stackgate.errors import ConfigError, InfraError
 from stackgate.model import Cell, SlurmSpec, Stack
@@ -91,8 +91,9 @@ def job_script(cell: Cell, spec: SlurmSpec, *, name: str, label: str, scripts: P
                                                          ("constraint", spec.constraint)) if value]
     if cell.device == "cuda" and cell.pool.gpus_per_node:
         options.append(f"--gpus-per-node={cell.pool.gpus_per_node}")
-    task = (f"bash {shlex.quote(str(scripts))}/node${{SLURM_NODEID}}-{label}.sh; "
-            f"echo $? > {shlex.quote(str(scripts))}/node${{SLURM_NODEID}}-{label}.exit")
+    node = f"{shlex.quote(str(scripts))}/node${{SLURM_NODEID}}-{label}"
+    task = (f"{pressure.SNAPSHOT}; sg_snapshot > {node}.pressure-start; bash {node}.sh; echo $? > {node}.exit; "
+            f"sg_snapshot > {node}.pressure-end")  # the node's own interference over its command
     body = [
         "#!/bin/bash",
         f"# stackgate: cell {cell.id}, invocation {label}, {nodes} node(s)",
@@ -184,7 +185,8 @@ class SlurmBackend:
         for name, text in render(spec, commands, exe, seconds=max(deadline - time.monotonic(), 1)).items():
             (scripts / name).write_text(text)
         for command in commands:
-            (scripts / f"node{command.node}-{label}.exit").unlink(missing_ok=True)
+            for suffix in ("exit", "pressure-start", "pressure-end"):
+                (scripts / f"node{command.node}-{label}.{suffix}").unlink(missing_ok=True)
         batch = scripts / f"job-{label}.sbatch"
         job = self._submit(batch)
         self.say(f"  slurm job {job} ({exe.cell.topology.nodes} node(s), --time={time_limit(deadline - time.monotonic())}"
@@ -277,8 +279,22 @@ class SlurmBackend:
             out.append(NodeExit(command.node, f"slurm job {job} node {command.node}", code,
                                 timed_out=word == "TIMEOUT", oom_killed=word == "OUT_OF_MEMORY",
                                 tail=tail + f"\n[stackgate] slurm job {job}: {state.state} exit {state.exit_code}:"
-                                            f"{state.signal} {state.reason}".rstrip()))
+                                            f"{state.signal} {state.reason}".rstrip(),
+                                pressure=node_pressure(scripts, command.node, label)))
         return tuple(out)
+
+
+def node_pressure(scripts: Path, node: int, label: str) -> pressure.Pressure:
+    """The interference a node's task measured on its compute node around its command (nothing
+    measurable when a snapshot is missing: the task was killed before it took the second one)."""
+    texts = [(scripts / f"node{node}-{label}.pressure-{when}") for when in ("start", "end")]
+    start, end = (path.read_text(errors="replace") if path.is_file() else "" for path in texts)
+    name = pressure.snapshot_node(start) or pressure.snapshot_node(end)
+    where = f"slurm node {name}" if name else f"slurm node {node}"
+    first, last = pressure.parse(start), pressure.parse(end)
+    if first is None or last is None:
+        return pressure.Pressure(0.0, where=where)
+    return replace(pressure.between(first, last), where=where)
 
 
 def _follow(log: Path, offset: int, on_line: Callable[[str], None] | None) -> int:
