@@ -90,11 +90,16 @@ def _read(path: Path) -> str:
         return ""
 
 
+def _counters(at: float, text: str) -> Counters:
+    """Counters from the kernel's texts as they are written (PSI, /proc/stat, cpu.stat), one after another."""
+    some, full = _psi(text)
+    steal, total = _steal(text)
+    return Counters(at, some, full, steal, total, _throttled(text))
+
+
 def read() -> Counters:
-    some, full = _psi(_read(PSI))
-    steal, total = _steal(_read(STAT))
     stat = _cgroup_cpu_stat(_read(CGROUP))
-    return Counters(time.monotonic(), some, full, steal, total, _throttled(_read(stat)) if stat else None)
+    return _counters(time.monotonic(), "\n".join([_read(PSI), _read(STAT), _read(stat) if stat else ""]))
 
 
 # The same counters taken by a shell on another machine (a Slurm task on its compute node): the
@@ -111,11 +116,7 @@ SNAPSHOT = ("sg_snapshot() { echo \"node ${SLURMD_NODENAME:-$(hostname -s)}\"; "
 def parse(text: str) -> Counters | None:
     """Counters from one `SNAPSHOT` (None: it has no clock, e.g. the file was cut short)."""
     uptime = re.search(r"^uptime (\d+(?:\.\d+)?)$", text, re.M)
-    if uptime is None:
-        return None
-    some, full = _psi(text)
-    steal, total = _steal(text)
-    return Counters(float(uptime.group(1)), some, full, steal, total, _throttled(text))
+    return _counters(float(uptime.group(1)), text) if uptime else None
 
 
 def snapshot_node(text: str) -> str:
