@@ -104,14 +104,15 @@ def _read(work: Path, run_id: str, proc: subprocess.CompletedProcess[str]) -> tu
                   if r["severity"] == "blocking")
     unsure = any(r["kind"] in ("perf-inconclusive", "perf-pressure") for r in data["reasons"]
                  if r["severity"] == "inconclusive")
-    change = next((c["change"] for c in data["comparisons"] if c["metric"].startswith("workload.step_time")
-                   and c["gated"]), None)
+    gated = next((c for c in data["comparisons"] if c["metric"].startswith("workload.step_time") and c["gated"]), {})
+    change = gated.get("change")
     rows = [json.loads(line) for line in (work / run_id / "results.jsonl").read_text().splitlines() if line.strip()]
     seen = [p["interference"] for r in rows if (p := r.get("environment", {}).get("pressure"))
             and p.get("interference") is not None]
     dropped = sum(r["kind"] == "pressure-discarded" for r in data["reasons"])
+    noise = f", pairs' noise {gated['noise']:.1%}" if gated.get("noise") is not None else ""
     print(f"  {len(rows)} runs, interference {min(seen, default=0):.0%}-{max(seen, default=0):.0%}"
-          f"{', pairs dropped for it' if dropped else ''}", flush=True)
+          f"{', pairs dropped for it' if dropped else ''}{noise}", flush=True)
     return flagged, unsure, change
 
 

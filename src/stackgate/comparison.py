@@ -78,6 +78,20 @@ def _dropped_note(cand: Cell, pairs: Sequence[Pair], dropped: Sequence[Pair], li
                   kind="pressure-discarded")
 
 
+def _noise_advice(cmp: stats.Comparison, policy: Policy) -> str:
+    """What the pairs' own noise says an INCONCLUSIVE needs: about how many interleaved runs, or that
+    no practical number will do (the change seen sits at the tolerance, or the runner is too noisy)."""
+    seen = f"the pairs' log ratios spread {cmp.noise:.1%} in this run"
+    runs = stats.runs_to_settle(cmp, policy.confidence)
+    change, tolerance = stats.percent(cmp.change), f"{cmp.tolerance:.1%}"
+    if runs is None:
+        return (f"{seen}; at that noise a change of {change} against the {tolerance} tolerance is not settled by "
+                "100 interleaved runs: use a quieter runner (`stackgate calibrate` measures one)")
+    return (f"{seen}; at that noise about {runs} interleaved runs would settle a change of {change} against the "
+            f"{tolerance} tolerance (`[performance] confirm_repeats = {runs}` makes that many when the first runs "
+            "cannot settle it), or use a quieter runner (`stackgate calibrate` measures one)")
+
+
 def unsettled(cand: Cell, base: Cell, recorded: Mapping[str, CellResult], policy: Policy) -> dict[str, str]:
     """The gated, sampled metrics of a candidate that the runs so far cannot settle, each with why:
     an interval that straddles the tolerance, or a regression seen over fewer than the policy's
@@ -187,8 +201,7 @@ def compare_pair(cand: Cell, base: Cell, cres: CellResult, bres: CellResult, pol
         elif cmp.outcome is stats.Outcome.INCONCLUSIVE:
             few = min(len(base_runs[0]), len(cand_runs[0])) < policy.min_samples
             if cmp.method == "paired":
-                advice = (f"noise too high to tell over {len(base_runs)} interleaved runs; raise repeats "
-                          "(`stackgate calibrate` says how many this runner needs) or use a quieter runner")
+                advice = f"noise too high to tell over {len(base_runs)} interleaved runs: " + _noise_advice(cmp, policy)
             elif few:
                 advice = (f"only {min(len(base_runs[0]), len(cand_runs[0]))} samples; need >= {policy.min_samples} "
                           "(or gate it with method = \"threshold\")")

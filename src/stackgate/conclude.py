@@ -115,24 +115,33 @@ def supply_lines(outcome: GateOutcome, database: str) -> list[str]:
 
 
 def _power(opts: Options, loaded: Loaded, outcome: GateOutcome, cells: Sequence[Cell]) -> dict[str, Any]:
-    """What the gate can detect, per gated comparison, from the pool's calibration (if any)."""
+    """What the gate can detect, per gated comparison: from the pool's calibration (if any), with the
+    runs the policy makes, and from the noise its pairs showed in this run, with the runs made (a
+    runner noisier than when it was calibrated shows here as a larger change detected)."""
     from stackgate import calibrate as cal
     pools = {c.id: c.pool.name for c in cells}
-    out: dict[str, Any] = {}
     try:
         noise = {p: history.calibration(opts.history, p) for p in set(pools.values())}
     except (sqlite3.Error, OSError):
-        return out
+        noise = {}
     # a performance NO-GO rests on at least `confirm_repeats` runs: a regression seen over fewer is confirmed
     runs = max(loaded.policy.repeats, loaded.policy.confirm_repeats)
+    confidence = loaded.policy.confidence
+    out: dict[str, Any] = {}
     for comparison in outcome.evidence.comparisons:
+        found = comparison.comparison
         sigma = noise.get(pools.get(comparison.cell, ""), {}).get(comparison.metric)
-        if not comparison.gated or sigma is None:
+        seen = found.method == "paired" and found.pairs >= 2
+        if not comparison.gated or (sigma is None and not seen):
             continue
-        tol = comparison.comparison.tolerance
-        out[f"{comparison.cell} {comparison.metric}"] = {
-            "sigma": round(sigma, 6), "repeats": runs, "tolerance": tol,
-            "detects": round(cal.detectable(sigma, runs, tol, loaded.policy.confidence), 4)}
+        entry: dict[str, Any] = {"tolerance": found.tolerance}
+        if sigma is not None:
+            entry.update(sigma=round(sigma, 6), repeats=runs, detects=round(cal.detectable(sigma, runs, found.tolerance,
+                                                                                            confidence), 4))
+        if seen:
+            entry.update(seen=round(found.noise, 6), pairs=found.pairs,
+                         detects_seen=round(cal.detectable(found.noise, found.pairs, found.tolerance, confidence), 4))
+        out[f"{comparison.cell} {comparison.metric}"] = entry
     return out
 
 

@@ -44,6 +44,7 @@ class Comparison:
     thinned_from: int = 0  # the bootstrap used MAX_BOOTSTRAP_SAMPLES of this many samples (a side with more)
     statistic: str = ""  # paired: "sign" (the median pair, distribution-free) or "t" (the mean pair)
     pairs: int = 0  # paired: the run pairs compared
+    noise: float = 0.0  # paired: how much the pairs' log ratios spread (their sd; robust, from the MAD, for "sign")
 
     better: str = "lower"  # the metric's direction: "lower" (a time) or "higher" (a bandwidth)
 
@@ -275,6 +276,7 @@ def paired(base_runs: Sequence[Sequence[float]], cand_runs: Sequence[Sequence[fl
     robust = sign_interval(logs, confidence) if wrecked(logs) else None
     if robust is not None:
         centre, (lo, hi), statistic = median(logs), robust, "sign"
+        spread = 1.4826 * mad(logs)  # the spread of the pairs the sign test keeps, not of the wrecked ones
     else:
         centre = math.fsum(logs) / n
         spread = math.sqrt(math.fsum((x - centre) ** 2 for x in logs) / (n - 1))
@@ -284,7 +286,19 @@ def paired(base_runs: Sequence[Sequence[float]], cand_runs: Sequence[Sequence[fl
     outcome = _outcome(low, high, tolerance)
     return Comparison(median(base[:n]), median(cand[:n]), _exp_minus_1(centre), low, high,
                       tolerance, outcome, mad(base[:n]), mad(cand[:n]), method="paired", statistic=statistic, pairs=n,
-                      better=better)
+                      better=better, noise=spread)
+
+
+def runs_to_settle(found: Comparison, confidence: float = 0.95, most: int = 100) -> int | None:
+    """About how many interleaved runs a t interval needs, at the noise these pairs showed, to end on
+    one side of the tolerance if the change is what they saw (a planning figure for an INCONCLUSIVE:
+    the true change is not known). None when more than `most` would not do: the change seen sits
+    (nearly) at the tolerance, or the pairs are too noisy for any practical number of runs."""
+    if found.method != "paired" or found.noise <= 0 or not math.isfinite(found.noise) or found.change <= -1:
+        return None
+    margin = abs(math.log1p(found.change) - math.log1p(found.tolerance))
+    return next((n for n in range(2, most + 1)
+                 if t_quantile(confidence, n - 1) * found.noise / math.sqrt(n) < margin), None)
 
 
 @dataclass(frozen=True)

@@ -182,12 +182,59 @@ def test_a_regression_seen_in_one_run_is_no_go_only_when_the_repeats_confirm_it(
 
 
 def test_one_slow_run_that_the_repeats_do_not_reproduce_is_not_a_no_go(
-        no_subprocesses: MemoryBackend, run_memory: RunMemory, gated_policy: Path) -> None:
+        no_subprocesses: MemoryBackend, run_memory: RunMemory, gated_policy: Path, tmp_path: Path) -> None:
     no_subprocesses.script = _timed([x * 2 for x in CALM], candidate_factor=1.05)
     code, report, _ = run_memory(policy=str(gated_policy))
     assert report["decision"] == "INCONCLUSIVE" and code == 1  # one run in five was 2x: the gate cannot tell
     (reason,) = [r for r in report["reasons"] if r["kind"] == "perf-inconclusive"]
     assert "over 5 interleaved runs" in reason["message"]
+    # what the pairs' own noise says the gate needs: their spread, and about how many runs would settle it
+    logs = [math.log(2.0)] + [math.log(1.05)] * 4
+    mean = sum(logs) / 5
+    spread = math.sqrt(sum((x - mean) ** 2 for x in logs) / 4)
+    gated = _gated(report)
+    assert gated["noise"] == pytest.approx(spread, rel=1e-4)
+    runs = stats.runs_to_settle(stats.Comparison(1, 1, math.expm1(mean), 0, 0, 0.5, stats.Outcome.INCONCLUSIVE, 0, 0,
+                                                 method="paired", pairs=5, noise=spread))
+    assert runs is not None and 5 < runs < 100
+    assert (f"the pairs' log ratios spread {spread:.1%} in this run; at that noise about {runs} interleaved runs would "
+            f"settle a change of {stats.percent(math.expm1(mean))} against the 50.0% tolerance") in reason["message"]
+    assert f"confirm_repeats = {runs}" in reason["message"]
+    # the report's power: no calibration of this pool, so only what this run's noise lets it detect
+    (power,) = report["power"].values()
+    assert "sigma" not in power and power["pairs"] == 5 and power["seen"] == pytest.approx(spread, rel=1e-4)
+    assert power["detects_seen"] == pytest.approx(calibrate.detectable(spread, 5, 0.5), rel=1e-3)
+    md = (tmp_path / "r" / "mem" / "report.md").read_text()
+    power_row = f"work.step\\_time | 50.0% | - | - | - | {spread:.1%} | 5 | >= "  # calibrated: none; this run's
+    assert any(power_row in line for line in md.splitlines()), md
+
+
+def test_runs_to_settle_an_inconclusive_at_the_noise_its_pairs_showed() -> None:
+    def seen(change: float, noise: float, tolerance: float = 0.03) -> stats.Comparison:
+        return stats.Comparison(1, 1, change, 0, 0, tolerance, stats.Outcome.INCONCLUSIVE, 0, 0, method="paired",
+                                pairs=9, noise=noise)
+
+    # +1.2% seen with pairs spread 4.4% (a trial of the sensitivity benchmark on this machine) against 3%
+    runs = stats.runs_to_settle(seen(0.012, 0.044))
+    margin = math.log(1.03) - math.log(1.012)
+    assert runs is not None
+    assert stats.t_quantile(0.95, runs - 1) * 0.044 / math.sqrt(runs) < margin  # enough ...
+    assert stats.t_quantile(0.95, runs - 2) * 0.044 / math.sqrt(runs - 1) >= margin  # ... and no more
+    assert (stats.runs_to_settle(seen(-0.02, 0.044)) or 0) < runs  # further from the tolerance: fewer runs
+    assert stats.runs_to_settle(seen(0.0299, 0.044)) is None  # at the tolerance itself no number of runs will do
+    assert stats.runs_to_settle(seen(0.0, 0.0)) is None  # no spread measured: nothing to plan from
+    assert stats.runs_to_settle(stats.Comparison(1, 1, 0.0, 0, 0, 0.03, stats.Outcome.INCONCLUSIVE, 0, 0)) is None
+
+
+def test_the_paired_statistic_reports_the_pairs_noise_robustly_when_it_uses_the_sign_test() -> None:
+    calm = [0.004, -0.003, 0.001, 0.002, -0.001, 0.0, 0.003, -0.002, 0.001, 0.002]
+    base = [[10.0]] * 10
+    clean = stats.paired(base, [[10.0 * math.exp(x)] for x in calm], better="lower", tolerance=0.025)
+    mean = sum(calm) / 10
+    assert clean.noise == pytest.approx(math.sqrt(sum((x - mean) ** 2 for x in calm) / 9), rel=1e-6)
+    hit = stats.paired(base, [[10.0 * math.exp(x)] for x in [*calm[:9], math.log(1.9)]], better="lower",
+                       tolerance=0.025)
+    assert hit.statistic == "sign" and hit.noise < 0.01  # the spread of the pairs it keeps, not the +90% one's
 
 
 def test_without_confirmation_one_run_decides(no_subprocesses: MemoryBackend, run_memory: RunMemory,

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from stackgate.evidence import MetricComparison
 from stackgate.model import Severity
@@ -70,11 +72,13 @@ def render(report: RunReport) -> str:
         lines.append("")
     lines += supply_section.markdown(report.evidence.supply, report.vuln_db, blocking_findings(report), md_escape)
     if report.power:
-        lines += ["## Gate power (from `stackgate calibrate` on this pool)", "",
-                  "| cell and metric | run-to-run noise | repeats | tolerance | detects a change of |", "|---|---|---|---|---|"]
-        lines += [f"| {md_escape(k)} | {v['sigma']:.1%} | {v['repeats']} | {v['tolerance']:.1%} | "
-                  f"{'>= ' + format(v['detects'], '.1%') if v['detects'] != float('inf') else 'nothing (repeats < 2)'} |"
-                  for k, v in report.power.items()]
+        lines += ["## Gate power", "", "What a regression must exceed to be caught ~90% of the time: from the noise "
+                  "`stackgate calibrate` measured on this pool, with the runs the policy makes, and from the noise "
+                  "the pairs showed in this run, with the runs made.", "",
+                  "| cell and metric | tolerance | calibrated noise | runs | detects | noise in this run | runs made "
+                  "| detects |", "|---|---|---|---|---|---|---|---|"]
+        lines += [f"| {md_escape(k)} | {v['tolerance']:.1%} | {_power_cells(v, 'sigma', 'repeats', 'detects')} | "
+                  f"{_power_cells(v, 'seen', 'pairs', 'detects_seen')} |" for k, v in report.power.items()]
         lines.append("")
     if report.host_probe:
         lines += ["## Host probe", "", "| pool | status | evidence |", "|---|---|---|"]
@@ -157,3 +161,12 @@ def write(report: RunReport, path: Path, step_summary: str | None) -> None:
     if step_summary:
         with Path(step_summary).open("a", encoding="utf-8") as fh:
             fh.write(text + "\n")
+
+
+def _power_cells(entry: Mapping[str, Any], noise: str, runs: str, detects: str) -> str:
+    """Noise, runs and the change detected, or dashes where the report has no such figure."""
+    if noise not in entry:
+        return "- | - | -"
+    found = entry[detects]
+    caught = f">= {found:.1%}" if found != float("inf") else "nothing (fewer than 2 runs)"
+    return f"{entry[noise]:.1%} | {entry[runs]} | {caught}"
