@@ -3,7 +3,8 @@ gate need (tolerance, repeats) to detect a target change?
 
 A/A: the production stack's performance-gated tests run 2k times on this runner; consecutive runs
 form pairs (as production and candidate would in interleaved repeats), and the spread of the pairs'
-log ratios (of per-run summaries, as the metric's rule summarises runs) is its noise sigma. For a
+log ratios about 0 (of per-run summaries, as the metric's rule summarises runs; about 0, so that an
+order effect counts, as it does in the gate's counterbalanced pairs) is its noise sigma. For a
 target change D that must be detected, and an allowed change A (< D) that must pass, the gate says
 NO-GO for D and OK (not merely "not NO-GO": INCONCLUSIVE is a red build too) for A, each with 95%
 confidence and ~90% power, when
@@ -33,7 +34,7 @@ POWER_Z = statistics.NormalDist().inv_cdf(0.90)
 @dataclass(frozen=True)
 class Noise:
     metric: str
-    sigma: float  # standard deviation of the log ratio of two runs' summaries (A/A), the pairs apart left out
+    sigma: float  # spread (about 0) of the log ratio of two runs' summaries (A/A), the pairs apart left out
     pairs: int
     apart: int = 0  # pairs that stood apart (a whole run slowed): the gate's sign test leaves them out from 9 pairs
 
@@ -55,8 +56,16 @@ def noise(metric: str, runs: Sequence[Sequence[float]], summary: str = "median",
     out = stats.apart(logs) if len(logs) >= 3 else [False] * len(logs)
     kept = [x for x, away in zip(logs, out, strict=True) if not away]
     if len(kept) < 2:
-        return Noise(metric, statistics.stdev(logs), len(logs))
-    return Noise(metric, statistics.stdev(kept), len(logs), len(logs) - len(kept))
+        return Noise(metric, _about_zero(logs), len(logs))
+    return Noise(metric, _about_zero(kept), len(logs), len(logs) - len(kept))
+
+
+def _about_zero(logs: Sequence[float]) -> float:
+    """The spread of A/A log ratios about 0, not about their mean: an A/A pair's true ratio is 1, so a
+    mean away from 0 is an order effect (the second run of a pair faster: all 9 pairs of two
+    calibrations on two machines here, by ~1%), and the gate's counterbalanced pairs (P C | C P) see
+    it as spread (+d, -d, ...), by which its t interval widens."""
+    return math.sqrt(math.fsum(x * x for x in logs) / len(logs))
 
 
 def detectable(sigma: float, repeats: int, tolerance: float, confidence: float = 0.95) -> float:
