@@ -76,6 +76,21 @@ def detectable(sigma: float, repeats: int, tolerance: float, confidence: float =
     return tolerance + (stats.t_quantile(confidence, repeats - 1) + POWER_Z) * sigma / math.sqrt(repeats)
 
 
+def runs_for(sigma: float, margin: float, confidence: float = 0.95, most: int = 100) -> int | None:
+    """The fewest interleaved runs (2 .. most) with which a true change `margin` beyond the tolerance
+    is told from it ~90% of the time at noise `sigma` (`detectable`); None if `most` do not do."""
+    return next((n for n in range(2, most + 1) if detectable(sigma, n, 0.0, confidence) <= margin), None)
+
+
+def runs_to_settle(found: stats.Comparison, confidence: float = 0.95, most: int = 100) -> int | None:
+    """For a paired INCONCLUSIVE: about how many interleaved runs would settle it at the noise its pairs
+    showed, if the change is what they saw (a planning figure: the true change is not known). None when
+    `most` would not: the change seen sits (nearly) at the tolerance, or the runner is too noisy."""
+    if found.method != "paired" or not 0 < found.noise < math.inf or found.change <= -1:
+        return None
+    return runs_for(found.noise, abs(math.log1p(found.change) - math.log1p(found.tolerance)), confidence, most)
+
+
 @dataclass(frozen=True)
 class Recommendation:
     metric: str
@@ -103,7 +118,7 @@ def recommend(found: Noise, target: float, allow: float, confidence: float = 0.9
     if not 0 <= allow < target:
         raise ValueError(f"allowed change {allow} must be below the target {target}")
     tolerance = (allow + target) / 2
-    n = next((n for n in range(2, most + 1) if detectable(found.sigma, n, tolerance, confidence) <= target), most)
+    n = runs_for(found.sigma, target - tolerance, confidence, most) or most
     if found.apart:  # runs slowed whole happen here: enough pairs for the sign test to leave one out
         n = max(n, stats.sign_test_pairs(confidence))
     return Recommendation(found.metric, found.sigma, tolerance, n, detectable(found.sigma, n, tolerance, confidence),

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
-from stackgate import pressure, results, stats
+from stackgate import calibrate, pressure, results, stats
 from stackgate.evidence import MetricComparison, ParityCheck
 from stackgate.model import Cell, CellResult, Metric, PhaseKind, Reason, Severity
 from stackgate.policy import Policy
@@ -82,14 +82,15 @@ def _noise_advice(cmp: stats.Comparison, policy: Policy) -> str:
     """What the pairs' own noise says an INCONCLUSIVE needs: about how many interleaved runs, or that
     no practical number will do (the change seen sits at the tolerance, or the runner is too noisy)."""
     seen = f"the pairs' log ratios spread {cmp.noise:.1%} in this run"
-    runs = stats.runs_to_settle(cmp, policy.confidence)
+    runs = calibrate.runs_to_settle(cmp, policy.confidence)
     change, tolerance = stats.percent(cmp.change), f"{cmp.tolerance:.1%}"
     if runs is None:
         return (f"{seen}; at that noise a change of {change} against the {tolerance} tolerance is not settled by "
                 "100 interleaved runs: use a quieter runner (`stackgate calibrate` measures one)")
     return (f"{seen}; at that noise about {runs} interleaved runs would settle a change of {change} against the "
-            f"{tolerance} tolerance (`[performance] confirm_repeats = {runs}` makes that many when the first runs "
-            "cannot settle it), or use a quieter runner (`stackgate calibrate` measures one)")
+            f"{tolerance} tolerance ~90% of the time, if the change is what they saw (`[performance] confirm_repeats "
+            f"= {runs}` makes that many when the first runs cannot settle it), or use a quieter runner "
+            "(`stackgate calibrate` measures one)")
 
 
 def unsettled(cand: Cell, base: Cell, recorded: Mapping[str, CellResult], policy: Policy) -> dict[str, str]:

@@ -289,18 +289,6 @@ def paired(base_runs: Sequence[Sequence[float]], cand_runs: Sequence[Sequence[fl
                       better=better, noise=spread)
 
 
-def runs_to_settle(found: Comparison, confidence: float = 0.95, most: int = 100) -> int | None:
-    """About how many interleaved runs a t interval needs, at the noise these pairs showed, to end on
-    one side of the tolerance if the change is what they saw (a planning figure for an INCONCLUSIVE:
-    the true change is not known). None when more than `most` would not do: the change seen sits
-    (nearly) at the tolerance, or the pairs are too noisy for any practical number of runs."""
-    if found.method != "paired" or found.noise <= 0 or not math.isfinite(found.noise) or found.change <= -1:
-        return None
-    margin = abs(math.log1p(found.change) - math.log1p(found.tolerance))
-    return next((n for n in range(2, most + 1)
-                 if t_quantile(confidence, n - 1) * found.noise / math.sqrt(n) < margin), None)
-
-
 @dataclass(frozen=True)
 class Parity:
     bitwise: bool
