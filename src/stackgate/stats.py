@@ -237,11 +237,15 @@ def sign_test_pairs(confidence: float, most: int = 1000) -> int:
     return next(n for n in range(2, most + 1) if sign_interval([0.0] * n, confidence) is not None)
 
 
+def robust_sd(values: Sequence[float]) -> float:
+    """A standard deviation that a few values far out do not move: 1.4826 MAD (the sd for normal data)."""
+    return 1.4826 * mad(values)
+
+
 def apart(logs: Sequence[float], limit: float = 3.5) -> list[bool]:
     """Which values stand apart from the rest: a modified z-score |x - median| / (1.4826 MAD) beyond
     `limit` (Iglewicz and Hoaglin's rule for outliers)."""
-    centre = median(logs)
-    spread = 1.4826 * median(abs(x - centre) for x in logs)
+    centre, spread = median(logs), robust_sd(logs)
     if spread == 0:
         return [x != centre for x in logs]
     return [abs(x - centre) / spread > limit for x in logs]
@@ -276,7 +280,7 @@ def paired(base_runs: Sequence[Sequence[float]], cand_runs: Sequence[Sequence[fl
     robust = sign_interval(logs, confidence) if wrecked(logs) else None
     if robust is not None:
         centre, (lo, hi), statistic = median(logs), robust, "sign"
-        spread = 1.4826 * mad(logs)  # the spread of the pairs the sign test keeps, not of the wrecked ones
+        spread = robust_sd(logs)  # the spread of the pairs the sign test keeps, not of the wrecked ones
     else:
         centre = math.fsum(logs) / n
         spread = math.sqrt(math.fsum((x - centre) ** 2 for x in logs) / (n - 1))
