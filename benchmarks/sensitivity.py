@@ -1,5 +1,5 @@
 """`nox -s sensitivity -- [--trials K] [--repeats N] [--tolerance T] [--summary best|median]
-[--plants 0,0.01,0.05,0.1] [--clock cpu|wall] [--hog LOOPS]`:
+[--plants 0,0.01,0.05,0.1] [--clock cpu|wall] [--hog LOOPS] [--measure SECONDS]`:
 plant a known slowdown (real extra work in the candidate, see sensitivity_suite/test_workload.py)
 and run the real gate K times per planted change; print how often it says NO-GO for a regression
 of workload.step_time. Targets on this CPU machine: 5% detected in >= 90% of trials, 0% and 1%
@@ -7,7 +7,8 @@ flagged in <= 5%. Production and candidate are the same stack (2.13.0+cpu, sensi
 so the planted work is the only difference. `--clock` picks the clock the policy gates (the
 workload records both; default cpu, the process's CPU time). `--hog LOOPS` starts that many busy
 loops during every trial, switched on and off every few seconds (a random phase per trial), so that
-some runs of a trial are disturbed and others not. A benchmark: it prints figures and asserts nothing.
+some runs of a trial are disturbed and others not. `--measure` sets how long each run of the workload
+steps (default 3 s; 0 gives its minimum, 300 steps). A benchmark: it prints figures and asserts nothing.
 """
 
 from __future__ import annotations
@@ -78,19 +79,21 @@ class Hog:
 
 
 def trial(work: Path, suite: Path, planted: float, repeats: int, index: int,
-          hog: int = 0) -> tuple[bool, bool, float | None, float]:
+          hog: int = 0, measure: float = 3.0) -> tuple[bool, bool, float | None, float]:
     run_id = f"p{planted}-t{index}"
     start = time.monotonic()
     with Hog(hog, seed=index * 100 + round(planted * 1000)):
-        proc = _run(work, suite, planted, repeats, run_id)
+        proc = _run(work, suite, planted, repeats, run_id, measure)
     took = time.monotonic() - start
     return (*_read(work, run_id, proc), took)
 
 
-def _run(work: Path, suite: Path, planted: float, repeats: int, run_id: str) -> subprocess.CompletedProcess[str]:
+def _run(work: Path, suite: Path, planted: float, repeats: int, run_id: str,
+         measure: float) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "stackgate", "run", "--backend", "venv", "--suite", str(suite),
                            "--matrix", str(HERE / "sensitivity-matrix.toml"),
                            "--no-platform-checks", "--no-rollback", "--suite-env", f"PLANTED_SLOWDOWN={planted}",
+                           "--suite-env", f"SENSITIVITY_MEASURE_S={measure}",
                            "--repeats", str(repeats), "--reports", str(work), "--run-id", run_id],
                           capture_output=True, text=True, check=False)
 
@@ -127,6 +130,8 @@ def main() -> int:
     ap.add_argument("--clock", choices=("cpu", "wall"), default="cpu",
                     help="the clock the policy gates: the process's CPU time (default) or wall time")
     ap.add_argument("--hog", type=int, default=0, help="busy loops switched on and off during each trial")
+    ap.add_argument("--measure", type=float, default=3.0,
+                    help="seconds each run of the workload steps for (default 3; 0: its minimum, 300 steps)")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="stackgate-sensitivity-"))
     suite = work / "suite"
@@ -139,9 +144,11 @@ def main() -> int:
     rows: dict[float, list[tuple[bool, bool, float | None, float]]] = {p: [] for p in plants}
     for index in range(args.trials):  # plants interleaved, so that drift over the hour hits all of them
         for planted in plants:
-            rows[planted].append(trial(work / "reports", suite, planted, args.repeats, index, args.hog))
+            rows[planted].append(trial(work / "reports", suite, planted, args.repeats, index, args.hog,
+                                         args.measure))
             print(f"trial {index} planted {planted:+.0%}: {rows[planted][-1]}", flush=True)
     print(f"\nrepeats {args.repeats}, tolerance {args.tolerance:.1%}, summary {args.summary}, clock {args.clock}, "
+          f"{args.measure:g} s of steps per run, "
           f"{args.trials} trials per planted change" + (f", {args.hog} busy loops on and off" if args.hog else
                                                         ", quiet"))
     print(f"{'planted':>8} {'NO-GO rate':>11} {'INCONCLUSIVE':>13} {'median change seen':>19} {'trial time':>11}")

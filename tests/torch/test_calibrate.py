@@ -31,7 +31,8 @@ def test_calibrate_measures_noise_and_the_report_shows_the_gates_power(tmp_path:
     shutil.copytree(ROOT / "benchmarks" / "sensitivity_suite", tmp_path / "suite")
     (tmp_path / "suite" / "stackgate-policy.toml").write_text(POLICY)
     common = ["--backend", "venv", "--suite", "suite", "--matrix", str(ROOT / "benchmarks" / "sensitivity-matrix.toml"),
-              "--no-platform-checks", "--cache-dir", str(cache_dir)]
+              "--no-platform-checks", "--cache-dir", str(cache_dir),
+              "--suite-env", "SENSITIVITY_MEASURE_S=0"]  # its shortest runs: this test is about the plumbing
     cal = subprocess.run([sys.executable, "-m", "stackgate", "calibrate", "--runs", "4", "--run-id", "cal", *common],
                          cwd=tmp_path, capture_output=True, text=True, timeout=900, check=False)
     assert cal.returncode == 0, cal.stdout[-3000:] + cal.stderr[-3000:]
