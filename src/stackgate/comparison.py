@@ -78,9 +78,18 @@ def _dropped_note(cand: Cell, pairs: Sequence[Pair], dropped: Sequence[Pair], li
                   kind="pressure-discarded")
 
 
-def _noise_advice(cmp: stats.Comparison, policy: Policy) -> str:
+def _noise_advice(cmp: stats.Comparison, policy: Policy, runs_seen: Sequence[Sequence[float]], summary: str,
+                  unit: str) -> str:
     """What the pairs' own noise says an INCONCLUSIVE needs: about how many interleaved runs, or that
-    no practical number will do (the change seen sits at the tolerance, or the runner is too noisy)."""
+    no practical number will do (the change seen sits at the tolerance, or the runner is too noisy);
+    and, when the runs (`runs_seen`: both sides' samples per run) differ far more than the halves of a
+    run do, that a longer measurement per run is what would help (`calibrate.slowed_whole`)."""
+    whole = calibrate.slowed_whole(cmp.noise, calibrate.within_runs(runs_seen, summary, cmp.better),
+                                   calibrate.span_s(runs_seen, unit))
+    return _runs_advice(cmp, policy) + (f". Also: {whole}" if whole else "")
+
+
+def _runs_advice(cmp: stats.Comparison, policy: Policy) -> str:
     seen = f"the pairs' log ratios spread {cmp.noise:.1%} in this run"
     runs = calibrate.runs_to_settle(cmp, policy.confidence)
     change, tolerance = stats.percent(cmp.change), f"{cmp.tolerance:.1%}"
@@ -202,7 +211,8 @@ def compare_pair(cand: Cell, base: Cell, cres: CellResult, bres: CellResult, pol
         elif cmp.outcome is stats.Outcome.INCONCLUSIVE:
             few = min(len(base_runs[0]), len(cand_runs[0])) < policy.min_samples
             if cmp.method == "paired":
-                advice = f"noise too high to tell over {len(base_runs)} interleaved runs: " + _noise_advice(cmp, policy)
+                advice = (f"noise too high to tell over {len(base_runs)} interleaved runs: "
+                          + _noise_advice(cmp, policy, [*base_runs, *cand_runs], rule_p.summary, metric.unit))
             elif few:
                 advice = (f"only {min(len(base_runs[0]), len(cand_runs[0]))} samples; need >= {policy.min_samples} "
                           "(or gate it with method = \"threshold\")")

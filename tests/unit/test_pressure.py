@@ -7,9 +7,13 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from stackgate import comparison, pressure
 from stackgate.backends.memory import Gauge, MemoryBackend
+from stackgate.commands.calibrate import calibrate as calibrate_command
 from stackgate.commands.run import run as run_command
+from stackgate.errors import InfraError
 from stackgate.model import CellResult, Role, Status, repeat
 
 from .conftest import memory_options, on_memory
@@ -126,3 +130,29 @@ def test_an_inconclusive_for_noise_says_how_busy_the_runner_was(tmp_path: Path) 
     (reason,) = [r for r in report["reasons"] if r["kind"] == "perf-inconclusive"]
     assert reason["message"].endswith("(the runner's CPU interference during the runs used: candidate up to 45% "
                                       "(above 10% in 3 of 5 runs), production up to 5%)"), reason["message"]
+
+
+def _calibrate(tmp_path: Path, busy: list[float], extra: str = "") -> tuple[int, list[str], MemoryBackend]:
+    backend = MemoryBackend(script=_timed(CALM, candidate_factor=1.0))
+    said: list[str] = []
+    code = calibrate_command(memory_options(tmp_path, run_id="cal", policy=_policy(tmp_path, extra)), {},
+                             runs=4, target=0.05, allow=0.01, say=said.append,
+                             machinery=on_memory(backend, Gauge(busy)))
+    return code, said, backend
+
+
+def test_calibrate_does_not_use_an_aa_pair_taken_under_pressure_and_runs_another(tmp_path: Path) -> None:
+    """The gate leaves out pairs taken beyond max_pressure; calibration must measure the noise of the
+    runs the gate keeps, not of a busy minute."""
+    code, said, backend = _calibrate(tmp_path, [0.0, 0.0, 0.0, 0.8])  # run 4 (the second pair's) was busy
+    assert code == 0
+    assert [c.env["STACKGATE_PHASE"] for c in backend.executed] == ["aa0", "aa1", "aa2", "aa3", "aa4", "aa5"]
+    assert "  1 A/A pair(s) taken while the runner was busy beyond max_pressure = 60% were not used" in said
+    (found,) = json.loads((tmp_path / "r" / "cal" / "calibration.json").read_text())["pools"]["local"]
+    assert found["pairs"] == 2 and found["pairs_disturbed"] == 1  # pairs (aa0, aa1) and (aa4, aa5)
+
+
+def test_calibrate_on_a_runner_busy_throughout_says_so_instead_of_calibrating(tmp_path: Path) -> None:
+    with pytest.raises(InfraError, match=r"busy beyond max_pressure = 60% during 3 of 3 A/A pairs") as err:
+        _calibrate(tmp_path, [0.9] * 20, "pressure_reruns = 1")
+    assert err.value.exit_code == 3 and "quieter runner" in (err.value.hint or "")

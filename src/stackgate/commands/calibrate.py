@@ -7,14 +7,15 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from stackgate import history, inputs, masking, rundir
+from stackgate import comparison, history, inputs, masking, rundir
 from stackgate.backends.base import EnvHandle
 from stackgate.backends.choose import REAL, Machinery
 from stackgate.console import Console, Printer
 from stackgate.errors import ConfigError, InfraError
-from stackgate.model import CellResult, Role, aa
+from stackgate.model import Cell, CellResult, Role, aa
 from stackgate.options import Options
 from stackgate.plan import plan_envs
+from stackgate.policy import Policy
 from stackgate.repeats import gated_keys, gated_tests
 from stackgate.report.data import now
 from stackgate.report.files import atomic_write
@@ -51,23 +52,14 @@ def calibrate(opts: Options, env: Mapping[str, str], *, runs: int, target: float
                 why = handle.reason if isinstance(handle, Unprepared) else str(handle)
                 raise InfraError(f"the environment of {cell.stack.label} could not be prepared: {why}",
                                  hint=f"the installer's log: {runner.log_dir / (cell.stack.label + '.log')}")
-            found: list[CellResult] = []
-            select: tuple[str, ...] = ()
-            for r in range(runs):
-                result = runner.attempt(Attempt(cell, aa(r), select=select), handle,
-                                        step=f"A/A run {r + 1}/{runs} of {cell.id}")
-                if not result.status.ran_suite:
-                    raise InfraError(f"calibration run {r + 1} of {cell.id} did not run its tests: {result.status.value}"
-                                     f": {result.reason[:300]}")
-                found.append(result)
-                select = select or gated_tests(cell, found, loaded.policy)
+            found, dropped = _aa_runs(runner, cell, handle, runs, loaded.policy)
             rows = []  # (noise, recommendation, what the other per-run summary would need, or "")
             for key in sorted(gated_keys(cell, found, loaded.policy)):
                 metric = next(m for f in found for m in f.metrics if m.key == key)
                 rule = loaded.policy.metric_rule(metric.name, dict(metric.tags), cell.device)
                 summary = rule.summary if rule is not None else "median"
                 series = [next((m.samples for m in f.metrics if m.key == key), ()) for f in found]
-                measured = cal.noise(key, series, summary, metric.better)
+                measured = cal.noise(key, series, summary, metric.better, metric.unit)
                 if measured is None:
                     continue
                 other = "best" if summary == "median" else "median"
@@ -79,16 +71,51 @@ def calibrate(opts: Options, env: Mapping[str, str], *, runs: int, target: float
                             f"in its [[performance.metric]] rule, repeats = {needs} would do")
                 rows.append((measured, cal.recommend(measured, target, allow, loaded.policy.confidence), hint))
             say(f"\ncalibration of pool {cell.pool.name} ({cell.stack.label}, {runs} A/A runs):")
-            for _, rec, hint in rows:
+            if dropped:
+                say(f"  {dropped} A/A pair(s) taken while the runner was busy beyond max_pressure = "
+                    f"{loaded.policy.max_pressure:.0%} were not used")
+            for measured, rec, hint in rows:
                 say(f"  {rec.describe(target)}")
-                if hint:
-                    say(f"    {hint}")
+                for line in (hint, cal.slowed_whole(measured.sigma, measured.within, measured.span_s)):
+                    if line:
+                        say(f"    {line}")
             history.record_calibration(opts.history, pool=cell.pool.name, run_id=run_id, recorded=now(),
                                        noise=[(n.metric, n.sigma, n.pairs) for n, _, _ in rows])
             report["pools"][cell.pool.name] = [{**n.to_json(), "recommended_tolerance": r.tolerance,
-                                                "recommended_repeats": r.repeats} for n, r, _ in rows]
+                                                "recommended_repeats": r.repeats, "pairs_disturbed": dropped}
+                                               for n, r, _ in rows]
     finally:
         backend.close()
     atomic_write(run_dir / "calibration.json", json.dumps(report, indent=1))
     say(f"calibration: {run_dir}/calibration.json; stored in {opts.history}")
     return 0
+
+
+def _aa_runs(runner: Runner, cell: Cell, handle: EnvHandle, runs: int, policy: Policy) -> tuple[list[CellResult], int]:
+    """`runs` A/A runs of the production cell, in pairs (0, 1), (2, 3), ...; a pair taken while the runner
+    was busy beyond `max_pressure` is not used and another is run in its place, up to `pressure_reruns`
+    times (as the gate replaces the pairs of its repeats). Returns the runs of the pairs kept, and how many
+    pairs were dropped."""
+    kept: list[CellResult] = []
+    dropped, made, select = 0, 0, ()
+    planned = runs
+    while made < planned:
+        result = runner.attempt(Attempt(cell, aa(made), select=select), handle,
+                                step=f"A/A run {made + 1}/{planned} of {cell.id}")
+        made += 1
+        if not result.status.ran_suite:
+            raise InfraError(f"calibration run {made} of {cell.id} did not run its tests: {result.status.value}"
+                             f": {result.reason[:300]}")
+        kept.append(result)
+        select = select or gated_tests(cell, kept, policy)
+        if made % 2 == 0 and comparison.disturbed([(kept[-2], kept[-1])], policy.max_pressure)[1]:
+            del kept[-2:]
+            dropped += 1
+            if dropped <= policy.pressure_reruns:
+                planned += 2
+    if dropped and len(kept) < 4:
+        raise InfraError(f"the runner was busy beyond max_pressure = {policy.max_pressure:.0%} during {dropped} of "
+                         f"{made // 2} A/A pairs of {cell.id}: fewer than 2 quiet pairs are left to calibrate with",
+                         hint="calibrate on a quieter runner (each run's interference is in results.jsonl), or raise "
+                              "[performance] max_pressure / pressure_reruns in the policy")
+    return kept, dropped
