@@ -29,11 +29,7 @@ from dataclasses import dataclass
 from stackgate import stats
 
 POWER_Z = statistics.NormalDist().inv_cdf(0.90)
-
-
 SECONDS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}  # time units a metric's samples may have
-APART_FROM_HALVES = 2.0  # runs differ beyond this many times their own halves: something slows a run whole
-MATTERS = 0.01  # below this run-to-run noise, how it arises does not change what the gate needs
 
 
 @dataclass(frozen=True)
@@ -42,47 +38,11 @@ class Noise:
     sigma: float  # spread (about 0) of the log ratio of two runs' summaries (A/A), the pairs apart left out
     pairs: int
     apart: int = 0  # pairs that stood apart (a whole run slowed): the gate's sign test leaves them out from 9 pairs
-    within: float | None = None  # the same spread between the two halves of each run (their summaries)
     span_s: float | None = None  # the time one run's samples cover (median over runs; time units only)
 
     def to_json(self) -> dict[str, float | int | str | None]:
         return {"metric": self.metric, "sigma": round(self.sigma, 6), "pairs": self.pairs, "apart": self.apart,
-                "within": None if self.within is None else round(self.within, 6),
                 "span_s": None if self.span_s is None else round(self.span_s, 3)}
-
-
-def slowed_whole(between: float, within: float | None, span_s: float | None) -> str:
-    """When runs differ (`between`, the spread of two runs' log ratio) far more than the halves of one
-    run do (`within`): something slows a run whole, and what would help is a longer measurement per run,
-    not more runs. On this project's 2-core VMs that is the machine's slow phases of a second or two (no
-    PSI, steal or throttling sees them): the sensitivity workload's fastest step moved 9.2% between runs
-    whose steps covered 0.8 s and 0.9% at 3.7 s (docs/performance.md). A per-process effect would look
-    the same here, and a longer run would not help it; the text says so. "" when it does not apply."""
-    if within is None or not math.isfinite(between) or between < MATTERS or between < APART_FROM_HALVES * within:
-        return ""
-    span = f"; each run's samples cover {span_s:.2g} s" if span_s is not None else ""
-    return (f"runs differ more than the halves of one run do ({between:.1%} against {within:.1%}{span}): something "
-            "slows a run whole. Usually that is a slow phase of a shared machine that outlasts the run's measurement: "
-            "a test that measures several times longer per run keeps some of its steps out of it (more steps, or a "
-            "minimum time), and then fewer runs do; if it is something of each process instead, only more runs help")
-
-
-def within_runs(runs: Sequence[Sequence[float]], summary: str = "median", better: str = "lower") -> float | None:
-    """The spread (about 0) of each run's log ratio of its second half's summary to its first's (runs of
-    4 samples or more): what a run's own samples vary by, beside what runs vary by. None without such runs."""
-    logs = []
-    for run in runs:
-        if len(run) >= 4:
-            first, second = stats.run_summaries([run[:len(run) // 2], run[len(run) // 2:]], summary, better)
-            if first > 0 and second > 0:
-                logs.append(math.log(second / first))
-    return _about_zero(logs) if logs else None
-
-
-def span_s(runs: Sequence[Sequence[float]], unit: str) -> float | None:
-    """The time one run's samples cover (the median over runs), for samples in a time unit."""
-    spans = [math.fsum(r) * SECONDS[unit] for r in runs if r] if unit in SECONDS else []
-    return statistics.median(spans) if spans else None
 
 
 def noise(metric: str, runs: Sequence[Sequence[float]], summary: str = "median", better: str = "lower",
@@ -91,20 +51,21 @@ def noise(metric: str, runs: Sequence[Sequence[float]], summary: str = "median",
     (2, 3), ... are pairs. A pair that stands apart from the rest (a run slowed whole by something no
     gauge saw: 3.46 ms against 2.45-2.51 ms best steps in one calibration here) is counted, not folded
     into sigma: one such pair in five made sigma 14% where the other four moved about 1%. The gate copes
-    with such pairs by its sign test, from 9 pairs on, so `recommend` asks for at least that many. Beside
-    it, the same spread between the halves of each run (`within`) and the time a run's samples cover
-    (`span_s`, for samples in a time unit), by which `Noise.slowed_whole` tells a run slowed whole."""
+    with such pairs by its sign test, from 9 pairs on (see `recommend`). Beside it, the time a run's
+    samples cover (`span_s`, for samples in a time unit): on a shared machine whose slow phases last
+    seconds, how long a run measures decides how often a run is slowed whole (docs/performance.md)."""
     values = stats.run_summaries(runs, summary, better)
     logs = [math.log(values[i + 1] / values[i]) for i in range(0, len(values) - 1, 2)
             if values[i] > 0 and values[i + 1] > 0]
     if len(logs) < 2:
         return None
-    within, span = within_runs(runs, summary, better), span_s(runs, unit)
+    spans = [math.fsum(r) * SECONDS[unit] for r in runs if r] if unit in SECONDS else []
+    span = statistics.median(spans) if spans else None
     out = stats.apart(logs) if len(logs) >= 3 else [False] * len(logs)
     kept = [x for x, away in zip(logs, out, strict=True) if not away]
     if len(kept) < 2:
-        return Noise(metric, _about_zero(logs), len(logs), 0, within, span)
-    return Noise(metric, _about_zero(kept), len(logs), len(logs) - len(kept), within, span)
+        return Noise(metric, _about_zero(logs), len(logs), 0, span)
+    return Noise(metric, _about_zero(kept), len(logs), len(logs) - len(kept), span)
 
 
 def _about_zero(logs: Sequence[float]) -> float:
@@ -148,25 +109,38 @@ class Recommendation:
     allow: float = 0.0  # the change that passes as OK
     apart: int = 0
     pairs: int = 0
+    confirms: bool = True  # the gate's confirmation takes a comparison with a pair apart to the sign test's pairs
+    span_s: float | None = None
 
     def describe(self, target: float) -> str:
-        text = (f"{self.metric}: run-to-run noise {self.sigma:.1%}; to detect {target:.1%} and pass {self.allow:.1%} "
-                f"as OK: tolerance {self.tolerance:.1%} with repeats = {self.repeats}")
-        if self.apart:
+        span = f" (runs whose samples cover {self.span_s:.2g} s)" if self.span_s is not None else ""
+        text = (f"{self.metric}: run-to-run noise {self.sigma:.1%}{span}; to detect {target:.1%} and pass "
+                f"{self.allow:.1%} as OK: tolerance {self.tolerance:.1%} with repeats = {self.repeats}")
+        if self.apart and self.confirms:
             text += (f" ({self.apart} of {self.pairs} A/A pairs stood apart, a run slowed whole, and are left out"
-                     " of the noise; repeats enough for the gate's sign test to leave such a pair out)")
+                     " of the noise; when a comparison has such a pair, confirmation runs the pairs the gate's sign "
+                     "test needs to leave it out)")
+        elif self.apart:
+            text += (f" ({self.apart} of {self.pairs} A/A pairs stood apart, a run slowed whole, and are left out"
+                     " of the noise; repeats enough for the gate's sign test to leave such a pair out, as"
+                     " confirmation is off)")
         if self.detects > target:
             text += f" (not enough: {self.repeats} repeats detect {self.detects:.1%}; use a quieter runner)"
         return text
 
 
-def recommend(found: Noise, target: float, allow: float, confidence: float = 0.95, most: int = 100) -> Recommendation:
-    """Tolerance and repeats that detect `target` and pass a change of `allow` as OK (~90% power each)."""
+def recommend(found: Noise, target: float, allow: float, confidence: float = 0.95, most: int = 100,
+              confirms: bool = True) -> Recommendation:
+    """Tolerance and repeats that detect `target` and pass a change of `allow` as OK (~90% power each).
+    When runs slowed whole happen here (A/A pairs apart), the gate needs the sign test's pairs (9 at 95%)
+    to leave such a pair out: with confirmation on (`confirms`) it runs them itself when a comparison
+    has one (`commands.run._sign_test_runs`), so the repeats are what the clean pairs need; with it off,
+    the repeats must be that many from the start."""
     if not 0 <= allow < target:
         raise ValueError(f"allowed change {allow} must be below the target {target}")
     tolerance = (allow + target) / 2
     n = runs_for(found.sigma, target - tolerance, confidence, most) or most
-    if found.apart:  # runs slowed whole happen here: enough pairs for the sign test to leave one out
+    if found.apart and not confirms:
         n = max(n, stats.sign_test_pairs(confidence))
     return Recommendation(found.metric, found.sigma, tolerance, n, detectable(found.sigma, n, tolerance, confidence),
-                          allow, found.apart, found.pairs)
+                          allow, found.apart, found.pairs, confirms, found.span_s)

@@ -78,18 +78,9 @@ def _dropped_note(cand: Cell, pairs: Sequence[Pair], dropped: Sequence[Pair], li
                   kind="pressure-discarded")
 
 
-def _noise_advice(cmp: stats.Comparison, policy: Policy, runs_seen: Sequence[Sequence[float]], summary: str,
-                  unit: str) -> str:
+def _noise_advice(cmp: stats.Comparison, policy: Policy) -> str:
     """What the pairs' own noise says an INCONCLUSIVE needs: about how many interleaved runs, or that
-    no practical number will do (the change seen sits at the tolerance, or the runner is too noisy);
-    and, when the runs (`runs_seen`: both sides' samples per run) differ far more than the halves of a
-    run do, that a longer measurement per run is what would help (`calibrate.slowed_whole`)."""
-    whole = calibrate.slowed_whole(cmp.noise, calibrate.within_runs(runs_seen, summary, cmp.better),
-                                   calibrate.span_s(runs_seen, unit))
-    return _runs_advice(cmp, policy) + (f". Also: {whole}" if whole else "")
-
-
-def _runs_advice(cmp: stats.Comparison, policy: Policy) -> str:
+    no practical number will do (the change seen sits at the tolerance, or the runner is too noisy)."""
     seen = f"the pairs' log ratios spread {cmp.noise:.1%} in this run"
     runs = calibrate.runs_to_settle(cmp, policy.confidence)
     change, tolerance = stats.percent(cmp.change), f"{cmp.tolerance:.1%}"
@@ -122,6 +113,27 @@ def unsettled(cand: Cell, base: Cell, recorded: Mapping[str, CellResult], policy
         elif c.comparison.outcome is stats.Outcome.REGRESSION and runs < policy.confirm_repeats:
             out[c.metric] = f"{c.comparison.describe(c.unit)}: a regression over {runs} run(s), to confirm"
     return out
+
+
+def short_of_sign_test(cand: Cell, base: Cell, recorded: Mapping[str, CellResult],
+                       policy: Policy) -> dict[str, tuple[str, int]]:
+    """The gated, paired metrics of a candidate that the runs so far leave undecided or call a regression
+    while some of their pairs stand apart from the rest (a run slowed whole), over fewer pairs than the
+    sign test needs to leave such a pair out (`stats.sign_test_pairs`: 9 at 95%). Below that the t
+    interval holds the wrecked pair, which widens it (an INCONCLUSIVE) or moves it (a NO-GO resting on
+    one slowed run). Metric key -> (why, the pairs it has)."""
+    cres, bres = recorded.get(cand.id), recorded.get(base.id)
+    if cres is None or bres is None or not (cres.status.ran_suite and bres.status.ran_suite):
+        return {}
+    needed = stats.sign_test_pairs(policy.confidence)
+    comparisons, _, _ = compare_pair(cand, base, cres, bres, policy, Severity.INFO,
+                                     repeats=repeat_pairs(cand, base, recorded))
+    return {c.metric: (f"{c.comparison.describe(c.unit)}: {c.comparison.apart} of {c.comparison.pairs} run pair(s) "
+                       f"stand apart from the rest (a run slowed whole); the sign test leaves such a pair out from "
+                       f"{needed} pairs", c.comparison.pairs)
+            for c in comparisons
+            if c.gated and c.comparison.method == "paired" and c.comparison.apart
+            and c.comparison.outcome is not stats.Outcome.OK and c.comparison.pairs < needed}
 
 
 def _runs(key: str, pairs: Sequence[Pair]) -> tuple[list[tuple[float, ...]], list[tuple[float, ...]]]:
@@ -211,8 +223,7 @@ def compare_pair(cand: Cell, base: Cell, cres: CellResult, bres: CellResult, pol
         elif cmp.outcome is stats.Outcome.INCONCLUSIVE:
             few = min(len(base_runs[0]), len(cand_runs[0])) < policy.min_samples
             if cmp.method == "paired":
-                advice = (f"noise too high to tell over {len(base_runs)} interleaved runs: "
-                          + _noise_advice(cmp, policy, [*base_runs, *cand_runs], rule_p.summary, metric.unit))
+                advice = f"noise too high to tell over {len(base_runs)} interleaved runs: " + _noise_advice(cmp, policy)
             elif few:
                 advice = (f"only {min(len(base_runs[0]), len(cand_runs[0]))} samples; need >= {policy.min_samples} "
                           "(or gate it with method = \"threshold\")")

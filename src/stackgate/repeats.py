@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping, Sequence
 
-from stackgate import comparison, results
+from stackgate import comparison, results, stats
 from stackgate.confirm import is_failure
 from stackgate.model import ROLLBACK, Cell, CellResult, Phase, PhaseKind, Role, repeat
 from stackgate.policy import Policy
@@ -126,6 +126,18 @@ def unsettled(pairs: Sequence[Cell], by_id: Mapping[str, Cell], finished: Mappin
     settle (cell id -> metric -> the reason)."""
     why = {p.id: comparison.unsettled(p, by_id[p.baseline], finished, policy) for p in pairs}
     return with_baselines({p: tests_of(why[p.id], [finished[p.id], finished[p.baseline]]) for p in pairs}), why
+
+
+def short_of_sign_test(pairs: Sequence[Cell], by_id: Mapping[str, Cell], finished: Mapping[str, CellResult],
+                       policy: Policy) -> tuple[Selection, dict[str, dict[str, str]], int]:
+    """What runs after confirmation, and why: the tests of the gated metrics still undecided (or a
+    regression) with a run pair standing apart, over fewer pairs than the sign test needs to leave it
+    out (cell id -> metric -> the reason); and the rounds that bring the fewest of them to that many."""
+    short = {p.id: comparison.short_of_sign_test(p, by_id[p.baseline], finished, policy) for p in pairs}
+    have = [n for metrics in short.values() for _, n in metrics.values()]
+    rounds = stats.sign_test_pairs(policy.confidence) - min(have) if have else 0
+    select = with_baselines({p: tests_of(short[p.id], [finished[p.id], finished[p.baseline]]) for p in pairs})
+    return select, {cell: {k: why for k, (why, _) in metrics.items()} for cell, metrics in short.items()}, rounds
 
 
 def with_baselines(per_candidate: Mapping[Cell, tuple[str, ...]]) -> Selection:

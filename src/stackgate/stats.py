@@ -45,6 +45,7 @@ class Comparison:
     statistic: str = ""  # paired: "sign" (the median pair, distribution-free) or "t" (the mean pair)
     pairs: int = 0  # paired: the run pairs compared
     noise: float = 0.0  # paired: how much the pairs' log ratios spread (their sd; robust, from the MAD, for "sign")
+    apart: int = 0  # paired: the pairs that stand apart from the rest (`apart`: a run slowed whole)
 
     better: str = "lower"  # the metric's direction: "lower" (a time) or "higher" (a bandwidth)
 
@@ -242,19 +243,15 @@ def robust_sd(values: Sequence[float]) -> float:
     return 1.4826 * mad(values)
 
 
+APART_FLOOR = 1e-6  # a log ratio this close to the rest is the same run, whatever the MAD (rounding: 1e-16)
+
+
 def apart(logs: Sequence[float], limit: float = 3.5) -> list[bool]:
     """Which values stand apart from the rest: a modified z-score |x - median| / (1.4826 MAD) beyond
-    `limit` (Iglewicz and Hoaglin's rule for outliers)."""
-    centre, spread = median(logs), robust_sd(logs)
-    if spread == 0:
-        return [x != centre for x in logs]
+    `limit` (Iglewicz and Hoaglin's rule for outliers). The spread is at least `APART_FLOOR`, so that
+    pairs equal but for floating-point rounding (MAD ~1e-16) are not told apart."""
+    centre, spread = median(logs), max(robust_sd(logs), APART_FLOOR)
     return [abs(x - centre) / spread > limit for x in logs]
-
-
-def wrecked(logs: Sequence[float], limit: float = 3.5) -> bool:
-    """Whether some pairs stand apart from the rest (`apart`). Only then does the paired statistic
-    use the sign test: on clean pairs the t interval is the narrower (benchmarks/paired_stats.py)."""
-    return any(apart(logs, limit))
 
 
 def paired(base_runs: Sequence[Sequence[float]], cand_runs: Sequence[Sequence[float]], *, better: str,
@@ -262,10 +259,11 @@ def paired(base_runs: Sequence[Sequence[float]], cand_runs: Sequence[Sequence[fl
     """Interleaved repeats (P C | C P | ...): run i of production is paired with run i of the candidate,
     so that drift on the runner hits both. The statistic works on per-run summaries: the log ratio of
     each pair's summaries (medians, or best samples). The interval is a Student t interval on the mean
-    log ratio, unless some pairs stand apart (`wrecked`: a run that a busy neighbour slowed) and there
+    log ratio, unless some pairs stand apart (`apart`: a run that a busy neighbour slowed) and there
     are enough pairs (9 at 95%) for the sign test's interval on the median log ratio to leave out at
     least one at each end: that one is distribution-free, and a few wrecked pairs move neither its
-    ends nor its centre (benchmarks/paired_stats.py compares the two; the report names the one used)."""
+    ends nor its centre (benchmarks/paired_stats.py compares the two; the report names the one used). On
+    clean pairs the t interval is the narrower, so it stays the statistic there."""
     base, cand = run_summaries(base_runs, summary, better), run_summaries(cand_runs, summary, better)
     n = min(len(base), len(cand))
     if n < 2 or any(not (0 < x < math.inf) for x in (*base[:n], *cand[:n])):
@@ -277,7 +275,8 @@ def paired(base_runs: Sequence[Sequence[float]], cand_runs: Sequence[Sequence[fl
     # the log of each value, then the difference: finite for every positive finite pair (1e-308 vs 1e308
     # is a log ratio of 1418; their quotient overflows)
     logs = [sign * (math.log(cand[i]) - math.log(base[i])) for i in range(n)]
-    robust = sign_interval(logs, confidence) if wrecked(logs) else None
+    away = sum(apart(logs))
+    robust = sign_interval(logs, confidence) if away else None
     if robust is not None:
         centre, (lo, hi), statistic = median(logs), robust, "sign"
         spread = robust_sd(logs)  # the spread of the pairs the sign test keeps, not of the wrecked ones
@@ -290,7 +289,7 @@ def paired(base_runs: Sequence[Sequence[float]], cand_runs: Sequence[Sequence[fl
     outcome = _outcome(low, high, tolerance)
     return Comparison(median(base[:n]), median(cand[:n]), _exp_minus_1(centre), low, high,
                       tolerance, outcome, mad(base[:n]), mad(cand[:n]), method="paired", statistic=statistic, pairs=n,
-                      better=better, noise=spread)
+                      better=better, noise=spread, apart=away)
 
 
 @dataclass(frozen=True)

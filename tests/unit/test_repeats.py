@@ -120,16 +120,20 @@ def test_tests_to_repeat_merge_to_the_whole_suite_when_one_side_cannot_say() -> 
     assert merge_tests(("a::t",), (WHOLE_SUITE,)) == (WHOLE_SUITE,)
 
 
-def _timed(candidate_main: list[float], candidate_factor: float, nodeid: str = GATED) -> Script:
+def _timed(candidate_main: list[float], candidate_factor: float | list[float], nodeid: str = GATED) -> Script:
     """The plain suite's two tests pass; the gated one records step times: production's are calm, the
-    candidate's main run records `candidate_main`, each of its repeats production's times x factor."""
+    candidate's main run records `candidate_main`, each of its repeats production's times x factor (a
+    list: repeat r's is factor[(r - 1) % len])."""
+    factors = candidate_factor if isinstance(candidate_factor, list) else [candidate_factor]
+
     def script(command: NodeCommand, exe: Execution) -> NodeExit:
         phase, role = command.env["STACKGATE_PHASE"], command.env["STACKGATE_ROLE"]
         run = int(phase.removeprefix("repeat")) if phase.startswith("repeat") else 0
         if phase == "rollback":
             return answer(command, {"test_model.py::test_matmul_matches_numpy": "passed"})
         base = [x * (1 + 0.01 * run) for x in CALM]  # the runner drifts between runs; pairs share the drift
-        samples = base if role == "production" else candidate_main if run == 0 else [x * candidate_factor for x in base]
+        factor = factors[(run - 1) % len(factors)]
+        samples = base if role == "production" else candidate_main if run == 0 else [x * factor for x in base]
         tests = [t for t in (GATED, "test_model.py::test_matmul_matches_numpy")
                  if run == 0 or any(a.endswith(t) for a in command.argv) or not any("::" in a for a in command.argv)]
         return answer(command, dict.fromkeys(tests, "passed"), metrics=[
@@ -181,15 +185,59 @@ def test_a_regression_seen_in_one_run_is_no_go_only_when_the_repeats_confirm_it(
     assert ("c", "repeat4") in _phases(no_subprocesses)
 
 
-def test_one_slow_run_that_the_repeats_do_not_reproduce_is_not_a_no_go(
-        no_subprocesses: MemoryBackend, run_memory: RunMemory, gated_policy: Path, tmp_path: Path) -> None:
+def test_one_slow_run_that_the_repeats_do_not_reproduce_is_left_out_by_the_sign_test(
+        no_subprocesses: MemoryBackend, run_memory: RunMemory, gated_policy: Path) -> None:
+    """One candidate run in five 2x slower, the other four +5%: that pair stands apart, and the t interval
+    over five pairs holds it (INCONCLUSIVE, before #22's sign-test rounds). Four more interleaved runs
+    give the sign test its 9 pairs, which leave the slowed run out: +5% against a 50% tolerance, GO."""
     no_subprocesses.script = _timed([x * 2 for x in CALM], candidate_factor=1.05)
+    code, report, said = run_memory(policy=str(gated_policy))
+    assert code == 0 and report["decision"] == "GO"
+    gated = _gated(report)
+    assert gated["statistic"] == "sign" and gated["pairs"] == 9 and gated["apart"] == 1
+    assert gated["change"] == pytest.approx(0.05, abs=1e-6)
+    assert any(line.startswith("confirm: 4 more interleaved run(s) of test_model.py::test_linear_layer_trains, "
+                               "because a run pair stands apart") for line in said)
+    assert [p for _, p in _phases(no_subprocesses)].count("repeat8") == 2 and "repeat9" not in str(_phases(
+        no_subprocesses))
+
+
+def test_a_regression_with_a_pair_apart_is_decided_on_the_sign_tests_pairs(
+        no_subprocesses: MemoryBackend, run_memory: RunMemory, gated_policy: Path) -> None:
+    """3x slower in four pairs of five and 2x in one: the t interval over five pairs says regression,
+    but with a pair apart the NO-GO waits for the sign test's 9 pairs (which still say regression)."""
+    no_subprocesses.script = _timed([x * 3 for x in CALM], candidate_factor=[3.0, 3.0, 3.0, 2.0])
+    code, report, said = run_memory(policy=str(gated_policy))
+    assert code == 1 and report["decision"] == "NO-GO"
+    gated = _gated(report)
+    assert gated["outcome"] == "regression" and gated["statistic"] == "sign" and gated["pairs"] == 9
+    assert any(line.startswith("confirm: 4 more interleaved run(s)") for line in said)
+
+
+def test_with_confirmation_off_a_pair_apart_runs_nothing_more(
+        no_subprocesses: MemoryBackend, run_memory: RunMemory, tmp_path: Path) -> None:
+    policy = tmp_path / "fixed.toml"
+    policy.write_text('[performance]\nrepeats = 5\nconfirm_repeats = 1\n'
+                      '[[performance.metric]]\nname = "work.step_time"\ntolerance = 0.5\n')
+    no_subprocesses.script = _timed([x * 3 for x in CALM], candidate_factor=[3.0, 3.0, 3.0, 2.0])
+    code, report, _ = run_memory(policy=str(policy))
+    gated = _gated(report)
+    assert code == 1 and gated["statistic"] == "t" and gated["pairs"] == 5 and gated["apart"] == 1
+    assert "repeat5" not in str(_phases(no_subprocesses))
+
+
+def test_an_inconclusive_for_noise_says_what_the_pairs_noise_needs(
+        no_subprocesses: MemoryBackend, run_memory: RunMemory, gated_policy: Path, tmp_path: Path) -> None:
+    """Five pairs that spread widely and none apart (2x, then +0% and +40% in turn): the gate cannot tell,
+    and no pair is for the sign test to leave out, so nothing more runs."""
+    no_subprocesses.script = _timed([x * 2 for x in CALM], candidate_factor=[1.0, 1.4])
     code, report, _ = run_memory(policy=str(gated_policy))
-    assert report["decision"] == "INCONCLUSIVE" and code == 1  # one run in five was 2x: the gate cannot tell
+    assert report["decision"] == "INCONCLUSIVE" and code == 1
+    assert "repeat5" not in str(_phases(no_subprocesses))
     (reason,) = [r for r in report["reasons"] if r["kind"] == "perf-inconclusive"]
     assert "over 5 interleaved runs" in reason["message"]
     # what the pairs' own noise says the gate needs: their spread, and about how many runs would settle it
-    logs = [math.log(2.0)] + [math.log(1.05)] * 4
+    logs = [math.log(2.0), 0.0, math.log(1.4), 0.0, math.log(1.4)]
     mean = sum(logs) / 5
     spread = math.sqrt(sum((x - mean) ** 2 for x in logs) / 4)
     gated = _gated(report)
@@ -394,7 +442,7 @@ def test_the_sign_interval_leaves_out_the_wrecked_pairs_at_each_end() -> None:
 
 def test_wrecked_pairs_switch_the_paired_statistic_to_the_sign_test() -> None:
     calm = [0.004, -0.003, 0.001, 0.002, -0.001, 0.0, 0.003, -0.002, 0.001, 0.002]
-    assert not stats.wrecked(calm) and stats.wrecked([*calm[:8], 0.9, 0.001])
+    assert not any(stats.apart(calm)) and any(stats.apart([*calm[:8], 0.9, 0.001]))
     base = [[10.0]] * 10
     clean = stats.paired(base, [[10.0 * math.exp(x)] for x in calm], better="lower", tolerance=0.025)
     assert clean.statistic == "t" and clean.outcome is stats.Outcome.OK and clean.pairs == 10
@@ -419,7 +467,23 @@ def test_calibrate_counts_a_run_slowed_whole_apart_instead_of_folding_it_into_th
     found = calibrate.noise("workload.step_time", [[b, b + 1] for b in best], summary="best")
     assert found is not None and found.pairs == 5 and found.apart == 1
     assert found.sigma < 0.02  # the other four pairs moved about 1%
+    # the gate's confirmation takes a comparison with such a pair to the sign test's 9 pairs itself: the
+    # repeats are what the clean pairs need; with confirmation off they must be 9 from the start
     rec = calibrate.recommend(found, target=0.05, allow=0.01)
-    assert rec.repeats == 9 and "1 of 5 A/A pairs stood apart" in rec.describe(0.05)  # the sign test's minimum
+    assert rec.repeats == calibrate.runs_for(found.sigma, 0.02) and "confirmation runs the pairs" in rec.describe(0.05)
+    quiet = calibrate.Noise("x", 0.005, 5, apart=1)
+    assert calibrate.recommend(quiet, 0.05, 0.01).repeats == calibrate.runs_for(0.005, 0.02) < 9
+    off = calibrate.recommend(quiet, target=0.05, allow=0.01, confirms=False)
+    assert off.repeats == 9 and "as confirmation is off" in off.describe(0.05)  # the sign test's minimum
     clean = calibrate.noise("x", [[b] for b in (2.50, 2.51, 2.49, 2.50, 2.51, 2.50, 2.50, 2.49)])
     assert clean is not None and clean.apart == 0 and calibrate.recommend(clean, 0.05, 0.01).repeats < 9  # no floor
+
+
+def test_calibrate_says_how_long_each_run_measured() -> None:
+    """The time a run's samples cover decides, on a runner with slow phases of seconds, how often a run
+    is slowed whole (docs/performance.md): calibrate prints it beside the noise."""
+    runs = [[2.0] * 400, [2.02] * 380, [2.01] * 390, [2.0] * 410]  # ms: 0.8 s, 0.77 s, 0.78 s, 0.82 s
+    found = calibrate.noise("w", runs, summary="best", unit="ms")
+    assert found is not None and found.span_s == pytest.approx(0.7919, abs=1e-3)
+    assert "(runs whose samples cover 0.79 s)" in calibrate.recommend(found, 0.05, 0.01).describe(0.05)
+    assert calibrate.noise("w", runs, unit="GB/s").span_s is None  # type: ignore[union-attr]

@@ -66,19 +66,20 @@ def calibrate(opts: Options, env: Mapping[str, str], *, runs: int, target: float
                 alt = cal.noise(key, series, other, metric.better)
                 hint = ""
                 if alt is not None and alt.sigma < measured.sigma / 2:
-                    needs = cal.recommend(alt, target, allow, loaded.policy.confidence).repeats
+                    needs = cal.recommend(alt, target, allow, loaded.policy.confidence,
+                                          confirms=loaded.policy.confirm_repeats > 1).repeats
                     hint = (f"each run's {other} sample moved {alt.sigma:.1%}: with summary = \"{other}\" "
                             f"in its [[performance.metric]] rule, repeats = {needs} would do")
-                rows.append((measured, cal.recommend(measured, target, allow, loaded.policy.confidence), hint))
+                rows.append((measured, cal.recommend(measured, target, allow, loaded.policy.confidence,
+                                                     confirms=loaded.policy.confirm_repeats > 1), hint))
             say(f"\ncalibration of pool {cell.pool.name} ({cell.stack.label}, {runs} A/A runs):")
             if dropped:
                 say(f"  {dropped} A/A pair(s) taken while the runner was busy beyond max_pressure = "
                     f"{loaded.policy.max_pressure:.0%} were not used")
-            for measured, rec, hint in rows:
+            for _, rec, hint in rows:
                 say(f"  {rec.describe(target)}")
-                for line in (hint, cal.slowed_whole(measured.sigma, measured.within, measured.span_s)):
-                    if line:
-                        say(f"    {line}")
+                if hint:
+                    say(f"    {hint}")
             history.record_calibration(opts.history, pool=cell.pool.name, run_id=run_id, recorded=now(),
                                        noise=[(n.metric, n.sigma, n.pairs) for n, _, _ in rows])
             report["pools"][cell.pool.name] = [{**n.to_json(), "recommended_tolerance": r.tolerance,
@@ -97,7 +98,8 @@ def _aa_runs(runner: Runner, cell: Cell, handle: EnvHandle, runs: int, policy: P
     times (as the gate replaces the pairs of its repeats). Returns the runs of the pairs kept, and how many
     pairs were dropped."""
     kept: list[CellResult] = []
-    dropped, made, select = 0, 0, ()
+    select: tuple[str, ...] = ()
+    dropped = made = 0
     planned = runs
     while made < planned:
         result = runner.attempt(Attempt(cell, aa(made), select=select), handle,

@@ -139,12 +139,32 @@ def _quiet_runs(runner: Runner, ordered: Sequence[Cell], pairs: Sequence[Cell], 
     return made
 
 
+def _sign_test_runs(runner: Runner, ordered: Sequence[Cell], pairs: Sequence[Cell], policy: Policy) -> bool:
+    """After confirmation: a gated metric still undecided, or a regression, with a run pair standing apart
+    from the rest (a run slowed whole) runs more interleaved rounds, until it has the pairs the sign test
+    needs to leave that pair out (9 at 95%), and the gate decides once, on all of them. Like confirmation,
+    this never makes a false NO-GO likelier: with a pair apart, a NO-GO over fewer pairs is not decided,
+    and a metric the runs so far settle as within tolerance runs nothing more. Returns whether it ran."""
+    finished = results.read(runner.ctx.run_dir)
+    select, why, rounds = repeats.short_of_sign_test(pairs, runner.by_id, finished, policy)
+    if not select:
+        return False
+    runner.console.say(f"confirm: {rounds} more interleaved run(s) of {repeats.listed(select)}, because a run pair "
+                       "stands apart from the rest and the sign test needs more pairs to leave it out:")
+    for cell_id, metrics in sorted(why.items()):
+        for key, reason in sorted(metrics.items()):
+            runner.console.say(f"  {cell_id} {key}: {reason}")
+    first = repeats.next_round(finished)
+    runner.run(repeats.repeat_attempts(ordered, runner.by_id, select, range(first, first + rounds)))
+    return True
+
+
 def attempt_all(runner: Runner, cells: Sequence[Cell], policy: Policy, *, rollback: bool) -> None:
     """Every attempt of a run, in order: the main runs; the reruns of each candidate's new failures,
     in both stacks (a failure counts only when it repeats); the interleaved repeats of the
     performance-gated tests and their confirmation (decided once, on all runs: a first look can only
-    settle a metric as within tolerance, so confirmation never makes a false NO-GO likelier); then each
-    candidate's rollback."""
+    settle a metric as within tolerance, so confirmation never makes a false NO-GO likelier), and the
+    rounds the sign test needs where a run pair stands apart; then each candidate's rollback."""
     say = runner.console.say
     ordered = run_order(cells)
     by_id = runner.by_id
@@ -178,6 +198,8 @@ def attempt_all(runner: Runner, cells: Sequence[Cell], policy: Policy, *, rollba
             first = policy.repeats + made  # (the same rounds again on --resume: those recorded are kept)
             runner.run(repeats.repeat_attempts(ordered, by_id, select,
                                                range(first, first + policy.confirm_repeats - policy.repeats)))
-            _quiet_runs(runner, ordered, pairs, policy, replaced, policy.pressure_reruns - made)
+            made += _quiet_runs(runner, ordered, pairs, policy, replaced, policy.pressure_reruns - made)
+    if pairs and policy.confirm_repeats > 1 and _sign_test_runs(runner, ordered, pairs, policy):
+        _quiet_runs(runner, ordered, pairs, policy, replaced, policy.pressure_reruns - made)
     if rollback:  # production reads what each candidate that ran its suite wrote
         runner.run(repeats.rollbacks(ordered, by_id, results.read(runner.ctx.run_dir)))
