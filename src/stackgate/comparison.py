@@ -117,11 +117,13 @@ def unsettled(cand: Cell, base: Cell, recorded: Mapping[str, CellResult], policy
 
 def short_of_sign_test(cand: Cell, base: Cell, recorded: Mapping[str, CellResult],
                        policy: Policy) -> dict[str, tuple[str, int]]:
-    """The gated, paired metrics of a candidate that the runs so far leave undecided or call a regression
-    while some of their pairs stand apart from the rest (a run slowed whole), over fewer pairs than the
-    sign test needs to leave such a pair out (`stats.sign_test_pairs`: 9 at 95%). Below that the t
-    interval holds the wrecked pair, which widens it (an INCONCLUSIVE) or moves it (a NO-GO resting on
-    one slowed run). Metric key -> (why, the pairs it has)."""
+    """The gated, paired metrics of a candidate that the runs so far leave undecided while some of their
+    pairs stand apart from the rest (a run slowed whole), or call a regression while one of those is on
+    the worse side, over fewer pairs than the sign test needs to leave such a pair out
+    (`stats.sign_test_pairs`: 9 at 95%). Below that the t interval holds the wrecked pair, which widens
+    it (an INCONCLUSIVE) or moves it towards a NO-GO. A pair apart on the better side cannot have made a
+    regression: without it the interval would only move further beyond the tolerance. Metric key ->
+    (why, the pairs it has)."""
     cres, bres = recorded.get(cand.id), recorded.get(base.id)
     if cres is None or bres is None or not (cres.status.ran_suite and bres.status.ran_suite):
         return {}
@@ -132,8 +134,14 @@ def short_of_sign_test(cand: Cell, base: Cell, recorded: Mapping[str, CellResult
                        f"stand apart from the rest (a run slowed whole); the sign test leaves such a pair out from "
                        f"{needed} pairs", c.comparison.pairs)
             for c in comparisons
-            if c.gated and c.comparison.method == "paired" and c.comparison.apart
-            and c.comparison.outcome is not stats.Outcome.OK and c.comparison.pairs < needed}
+            if c.gated and c.comparison.method == "paired" and c.comparison.pairs < needed
+            and _held_by_a_pair_apart(c.comparison)}
+
+
+def _held_by_a_pair_apart(cmp: stats.Comparison) -> bool:
+    if cmp.outcome is stats.Outcome.INCONCLUSIVE:
+        return cmp.apart > 0
+    return cmp.outcome is stats.Outcome.REGRESSION and cmp.apart_worse > 0
 
 
 def _runs(key: str, pairs: Sequence[Pair]) -> tuple[list[tuple[float, ...]], list[tuple[float, ...]]]:

@@ -46,6 +46,7 @@ class Comparison:
     pairs: int = 0  # paired: the run pairs compared
     noise: float = 0.0  # paired: how much the pairs' log ratios spread (their sd; robust, from the MAD, for "sign")
     apart: int = 0  # paired: the pairs that stand apart from the rest (`apart`: a run slowed whole)
+    apart_worse: int = 0  # paired: those of them on the worse side of the rest (the side of a regression)
 
     better: str = "lower"  # the metric's direction: "lower" (a time) or "higher" (a bandwidth)
 
@@ -275,7 +276,8 @@ def paired(base_runs: Sequence[Sequence[float]], cand_runs: Sequence[Sequence[fl
     # the log of each value, then the difference: finite for every positive finite pair (1e-308 vs 1e308
     # is a log ratio of 1418; their quotient overflows)
     logs = [sign * (math.log(cand[i]) - math.log(base[i])) for i in range(n)]
-    away = sum(apart(logs))
+    out = apart(logs)
+    away, worse = sum(out), sum(x > median(logs) for x, o in zip(logs, out, strict=True) if o)
     robust = sign_interval(logs, confidence) if away else None
     if robust is not None:
         centre, (lo, hi), statistic = median(logs), robust, "sign"
@@ -289,7 +291,7 @@ def paired(base_runs: Sequence[Sequence[float]], cand_runs: Sequence[Sequence[fl
     outcome = _outcome(low, high, tolerance)
     return Comparison(median(base[:n]), median(cand[:n]), _exp_minus_1(centre), low, high,
                       tolerance, outcome, mad(base[:n]), mad(cand[:n]), method="paired", statistic=statistic, pairs=n,
-                      better=better, noise=spread, apart=away)
+                      better=better, noise=spread, apart=away, apart_worse=worse)
 
 
 @dataclass(frozen=True)

@@ -204,14 +204,26 @@ def test_one_slow_run_that_the_repeats_do_not_reproduce_is_left_out_by_the_sign_
 
 def test_a_regression_with_a_pair_apart_is_decided_on_the_sign_tests_pairs(
         no_subprocesses: MemoryBackend, run_memory: RunMemory, gated_policy: Path) -> None:
-    """3x slower in four pairs of five and 2x in one: the t interval over five pairs says regression,
-    but with a pair apart the NO-GO waits for the sign test's 9 pairs (which still say regression)."""
-    no_subprocesses.script = _timed([x * 3 for x in CALM], candidate_factor=[3.0, 3.0, 3.0, 2.0])
+    """2x slower in four pairs of five and 4x in one: the t interval over five pairs says regression, but
+    the pair apart is on the worse side, so the NO-GO waits for the sign test's 9 pairs (which still say
+    regression: 2x against a 50% tolerance)."""
+    no_subprocesses.script = _timed([x * 2 for x in CALM], candidate_factor=[2.0, 2.0, 2.0, 4.0])
     code, report, said = run_memory(policy=str(gated_policy))
     assert code == 1 and report["decision"] == "NO-GO"
     gated = _gated(report)
     assert gated["outcome"] == "regression" and gated["statistic"] == "sign" and gated["pairs"] == 9
     assert any(line.startswith("confirm: 4 more interleaved run(s)") for line in said)
+
+
+def test_a_regression_whose_pair_apart_is_on_the_better_side_is_decided_without_more_runs(
+        no_subprocesses: MemoryBackend, run_memory: RunMemory, gated_policy: Path) -> None:
+    """3x slower in four pairs of five and 2.5x in one: the pair apart pulls towards no change, so
+    without it the regression would only be clearer: NO-GO over the five pairs, nothing more run."""
+    no_subprocesses.script = _timed([x * 3 for x in CALM], candidate_factor=[3.0, 3.0, 3.0, 2.5])
+    code, report, said = run_memory(policy=str(gated_policy))
+    gated = _gated(report)
+    assert code == 1 and gated["outcome"] == "regression" and gated["pairs"] == 5 and gated["apart"] == 1
+    assert "repeat5" not in str(_phases(no_subprocesses)) and not any("stands apart" in line for line in said)
 
 
 def test_with_confirmation_off_a_pair_apart_runs_nothing_more(

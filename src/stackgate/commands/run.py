@@ -140,11 +140,12 @@ def _quiet_runs(runner: Runner, ordered: Sequence[Cell], pairs: Sequence[Cell], 
 
 
 def _sign_test_runs(runner: Runner, ordered: Sequence[Cell], pairs: Sequence[Cell], policy: Policy) -> bool:
-    """After confirmation: a gated metric still undecided, or a regression, with a run pair standing apart
-    from the rest (a run slowed whole) runs more interleaved rounds, until it has the pairs the sign test
-    needs to leave that pair out (9 at 95%), and the gate decides once, on all of them. Like confirmation,
-    this never makes a false NO-GO likelier: with a pair apart, a NO-GO over fewer pairs is not decided,
-    and a metric the runs so far settle as within tolerance runs nothing more. Returns whether it ran."""
+    """After confirmation: a gated metric still undecided with a run pair standing apart from the rest (a
+    run slowed whole), or a regression with such a pair on its worse side, runs more interleaved rounds,
+    until it has the pairs the sign test needs to leave that pair out (9 at 95%), and the gate decides
+    once, on all of them (`comparison.short_of_sign_test`). Like confirmation, this never makes a false
+    NO-GO likelier: a NO-GO that a pair apart could have made is not decided over fewer pairs, and a
+    metric the runs so far settle as within tolerance runs nothing more. Returns whether it ran."""
     finished = results.read(runner.ctx.run_dir)
     select, why, rounds = repeats.short_of_sign_test(pairs, runner.by_id, finished, policy)
     if not select:
