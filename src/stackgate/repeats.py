@@ -130,9 +130,10 @@ def unsettled(pairs: Sequence[Cell], by_id: Mapping[str, Cell], finished: Mappin
 
 def short_of_sign_test(pairs: Sequence[Cell], by_id: Mapping[str, Cell], finished: Mapping[str, CellResult],
                        policy: Policy) -> tuple[Selection, dict[str, dict[str, str]], int]:
-    """What runs after confirmation, and why: the tests of the gated metrics still undecided (or a
-    regression) with a run pair standing apart, over fewer pairs than the sign test needs to leave it
-    out (cell id -> metric -> the reason); and the rounds that bring the fewest of them to that many."""
+    """What runs after confirmation, and why: the tests of the gated metrics that a run pair standing
+    apart may hold undecided or push into a regression, over fewer pairs than the sign test needs to
+    leave it out (`comparison.short_of_sign_test`; cell id -> metric -> the reason); and the rounds that
+    bring the fewest of them to that many."""
     short = {p.id: comparison.short_of_sign_test(p, by_id[p.baseline], finished, policy) for p in pairs}
     have = [n for metrics in short.values() for _, n in metrics.values()]
     rounds = stats.sign_test_pairs(policy.confidence) - min(have) if have else 0

@@ -276,8 +276,8 @@ def paired(base_runs: Sequence[Sequence[float]], cand_runs: Sequence[Sequence[fl
     # the log of each value, then the difference: finite for every positive finite pair (1e-308 vs 1e308
     # is a log ratio of 1418; their quotient overflows)
     logs = [sign * (math.log(cand[i]) - math.log(base[i])) for i in range(n)]
-    out = apart(logs)
-    away, worse = sum(out), sum(x > median(logs) for x, o in zip(logs, out, strict=True) if o)
+    out, middle = apart(logs), median(logs)
+    away, worse = sum(out), sum(x > middle for x, o in zip(logs, out, strict=True) if o)
     robust = sign_interval(logs, confidence) if away else None
     if robust is not None:
         centre, (lo, hi), statistic = median(logs), robust, "sign"

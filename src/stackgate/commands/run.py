@@ -139,25 +139,14 @@ def _quiet_runs(runner: Runner, ordered: Sequence[Cell], pairs: Sequence[Cell], 
     return made
 
 
-def _sign_test_runs(runner: Runner, ordered: Sequence[Cell], pairs: Sequence[Cell], policy: Policy) -> bool:
-    """After confirmation: a gated metric still undecided with a run pair standing apart from the rest (a
-    run slowed whole), or a regression with such a pair on its worse side, runs more interleaved rounds,
-    until it has the pairs the sign test needs to leave that pair out (9 at 95%), and the gate decides
-    once, on all of them (`comparison.short_of_sign_test`). Like confirmation, this never makes a false
-    NO-GO likelier: a NO-GO that a pair apart could have made is not decided over fewer pairs, and a
-    metric the runs so far settle as within tolerance runs nothing more. Returns whether it ran."""
-    finished = results.read(runner.ctx.run_dir)
-    select, why, rounds = repeats.short_of_sign_test(pairs, runner.by_id, finished, policy)
-    if not select:
-        return False
-    runner.console.say(f"confirm: {rounds} more interleaved run(s) of {repeats.listed(select)}, because a run pair "
-                       "stands apart from the rest and the sign test needs more pairs to leave it out:")
+def _confirm(runner: Runner, ordered: Sequence[Cell], select: repeats.Selection, why: Mapping[str, Mapping[str, str]],
+             rounds: range, because: str) -> None:
+    """Interleaved rounds of the selected tests, after saying which metrics of which cells need them and why."""
+    runner.console.say(f"confirm: {len(rounds)} more interleaved run(s) of {repeats.listed(select)}, because {because}:")
     for cell_id, metrics in sorted(why.items()):
         for key, reason in sorted(metrics.items()):
             runner.console.say(f"  {cell_id} {key}: {reason}")
-    first = repeats.next_round(finished)
-    runner.run(repeats.repeat_attempts(ordered, runner.by_id, select, range(first, first + rounds)))
-    return True
+    runner.run(repeats.repeat_attempts(ordered, runner.by_id, select, rounds))
 
 
 def attempt_all(runner: Runner, cells: Sequence[Cell], policy: Policy, *, rollback: bool) -> None:
@@ -191,16 +180,20 @@ def attempt_all(runner: Runner, cells: Sequence[Cell], policy: Policy, *, rollba
     if pairs and policy.confirm_repeats > policy.repeats:
         select, why = repeats.unsettled(pairs, by_id, finished, policy)
         if select:
-            say(f"confirm: {policy.confirm_repeats - policy.repeats} more interleaved run(s) of "
-                f"{repeats.listed(select)}, because the runs so far cannot settle:")
-            for cell_id, metrics in sorted(why.items()):
-                for key, reason in sorted(metrics.items()):
-                    say(f"  {cell_id} {key}: {reason}")
             first = policy.repeats + made  # (the same rounds again on --resume: those recorded are kept)
-            runner.run(repeats.repeat_attempts(ordered, by_id, select,
-                                               range(first, first + policy.confirm_repeats - policy.repeats)))
+            _confirm(runner, ordered, select, why, range(first, first + policy.confirm_repeats - policy.repeats),
+                     "the runs so far cannot settle")
             made += _quiet_runs(runner, ordered, pairs, policy, replaced, policy.pressure_reruns - made)
-    if pairs and policy.confirm_repeats > 1 and _sign_test_runs(runner, ordered, pairs, policy):
-        _quiet_runs(runner, ordered, pairs, policy, replaced, policy.pressure_reruns - made)
+    if pairs and policy.confirm_repeats > 1:
+        # a metric that a run pair standing apart holds undecided, or pushes into a regression, runs to the
+        # pairs the sign test needs to leave it out (9 at 95%), and the gate decides once on all of them
+        # (`comparison.short_of_sign_test`): like confirmation, this never makes a false NO-GO likelier
+        finished = results.read(runner.ctx.run_dir)
+        select, why, rounds = repeats.short_of_sign_test(pairs, by_id, finished, policy)
+        if select:
+            first = repeats.next_round(finished)
+            _confirm(runner, ordered, select, why, range(first, first + rounds),
+                     "a run pair stands apart from the rest and the sign test needs more pairs to leave it out")
+            _quiet_runs(runner, ordered, pairs, policy, replaced, policy.pressure_reruns - made)
     if rollback:  # production reads what each candidate that ran its suite wrote
         runner.run(repeats.rollbacks(ordered, by_id, results.read(runner.ctx.run_dir)))
