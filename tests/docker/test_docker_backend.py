@@ -18,6 +18,7 @@ from stackgate.backends.docker import DockerBackend
 from stackgate.model import Cell, GpuClass, Role, RunnerPool, Status, Topology
 from stackgate.runner import run_cell
 from stackgate.suite import RunContext
+from tests.torch.test_interrupt import docker_leftovers
 
 RANK = r"python[0-9.]* -u .*_worker\.py"
 
@@ -50,6 +51,7 @@ def test_two_nodes_by_two_processes_fsdp_and_allreduce(docker_backend: DockerBac
                                                        tmp_path: Path) -> None:
     spec = suite.SuiteSpec(pytest_args=("-k", "test_collective_correctness or test_vit"), profile="quick",
                            timeout_s=600)
+    before = frozenset(docker_leftovers())  # what an earlier run on this machine left is not this test's
     result = run_cell(docker_backend, _cell(cpu_image, 2, 2), cpu_image, RunContext("dmn", tmp_path, spec))
     assert result.status is Status.PASSED, result.log_tail[-4000:]
     outcomes = {t.name: t.outcome for t in result.tests}
@@ -58,9 +60,7 @@ def test_two_nodes_by_two_processes_fsdp_and_allreduce(docker_backend: DockerBac
     wrong = next(m for m in result.metrics if m.name == "collective_wrong_elements")
     assert dict(wrong.tags)["world_size"] == "4"
     assert (tmp_path / "cells" / result.cell_id / "node1.log").read_text()  # every node's log is kept
-    leftovers = subprocess.run(["docker", "ps", "-aq", "--filter", "name=sg-"], capture_output=True, text=True,
-                               check=True).stdout.split()
-    assert not leftovers, "containers must always be removed"
+    assert docker_leftovers(before) == [], "containers and networks must always be removed"
 
 
 def test_killing_one_rank_fails_the_cell_while_the_next_test_completes(docker_backend: DockerBackend,
