@@ -1,4 +1,4 @@
-"""`nox -s sensitivity -- [--trials K] [--repeats N] [--tolerance T] [--summary best|median]
+"""`nox -s sensitivity -- [--trials K] [--repeats N] [--tolerance T] [--calibrate RUNS] [--summary best|median]
 [--plants 0,0.01,0.05,0.1] [--clock cpu|wall] [--hog LOOPS] [--measure SECONDS]`:
 plant a known slowdown (real extra work in the candidate, see sensitivity_suite/test_workload.py)
 and run the real gate K times per planted change; print how often it says NO-GO for a regression
@@ -8,7 +8,10 @@ so the planted work is the only difference. `--clock` picks the clock the policy
 workload records both; default cpu, the process's CPU time). `--hog LOOPS` starts that many busy
 loops during every trial, switched on and off every few seconds (a random phase per trial), so that
 some runs of a trial are disturbed and others not. `--measure` sets how long each run of the workload
-steps (default 3 s; 0 gives its minimum, 300 steps). A benchmark: it prints figures and asserts nothing.
+steps (default 3 s; 0 gives its minimum, 300 steps). `--calibrate RUNS` first runs `stackgate calibrate
+--runs RUNS --target 0.05 --allow 0.01` on the same suite, matrix and settings and takes the tolerance
+and repeats it recommends for workload.step_time instead of --tolerance and --repeats (the protocol of
+#22's targets, in one command). A benchmark: it prints figures and asserts nothing.
 """
 
 from __future__ import annotations
@@ -98,6 +101,29 @@ def _run(work: Path, suite: Path, planted: float, repeats: int, run_id: str,
                           capture_output=True, text=True, check=False)
 
 
+def calibrated(work: Path, suite: Path, runs: int, measure: float) -> tuple[float, int]:
+    """The tolerance and repeats `stackgate calibrate --target 0.05 --allow 0.01` recommends for
+    workload.step_time on this machine, from RUNS A/A runs of the suite as the trials run it."""
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "stackgate", "calibrate", "--runs", str(runs), "--target", "0.05",
+                           "--allow", "0.01", "--backend", "venv", "--suite", str(suite),
+                           "--matrix", str(HERE / "sensitivity-matrix.toml"), "--no-platform-checks",
+                           "--no-rollback", "--suite-env", f"SENSITIVITY_MEASURE_S={measure}",
+                           "--reports", str(work), "--run-id", "calibration"],
+                          capture_output=True, text=True, check=False)
+    print(proc.stdout[proc.stdout.find("calibration of pool"):].rstrip(), flush=True)
+    found = work / "calibration" / "calibration.json"
+    if proc.returncode != 0 or not found.exists():
+        sys.exit(f"calibrate failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+    rows = [r for pool in json.loads(found.read_text())["pools"].values() for r in pool
+            if r["metric"].startswith("workload.step_time")]
+    if not rows:
+        sys.exit(f"calibrate measured no workload.step_time:\n{proc.stdout[-2000:]}")
+    print(f"calibrated in {time.monotonic() - start:.0f} s: tolerance {rows[0]['recommended_tolerance']:.1%}, "
+          f"repeats {rows[0]['recommended_repeats']}", flush=True)
+    return rows[0]["recommended_tolerance"], rows[0]["recommended_repeats"]
+
+
 def _read(work: Path, run_id: str, proc: subprocess.CompletedProcess[str]) -> tuple[bool, bool, float | None]:
     report = work / run_id / "report.json"
     if not report.exists():
@@ -124,6 +150,8 @@ def main() -> int:
     ap.add_argument("--trials", type=int, default=10)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--tolerance", type=float, default=0.025)
+    ap.add_argument("--calibrate", type=int, default=0, metavar="RUNS",
+                    help="first calibrate with RUNS A/A runs and use the tolerance and repeats it recommends")
     ap.add_argument("--plants", default="0,0.01,0.05,0.1")
     ap.add_argument("--summary", choices=("median", "best"), default="best",
                     help="how each run is summarised (the metric rule's `summary`; default best)")
@@ -136,10 +164,13 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="stackgate-sensitivity-"))
     suite = work / "suite"
     shutil.copytree(HERE / "sensitivity_suite", suite)
-    (suite / "stackgate-policy.toml").write_text(POLICY.format(repeats=args.repeats, tolerance=args.tolerance,
-                                                                           summary=args.summary,
-                                                                           tags='tags = { clock = "cpu" }'
-                                                                           if args.clock == "cpu" else ""))
+    tags = 'tags = { clock = "cpu" }' if args.clock == "cpu" else ""
+    policy = suite / "stackgate-policy.toml"
+    policy.write_text(POLICY.format(repeats=args.repeats, tolerance=args.tolerance, summary=args.summary, tags=tags))
+    if args.calibrate:
+        args.tolerance, args.repeats = calibrated(work / "reports", suite, args.calibrate, args.measure)
+        policy.write_text(POLICY.format(repeats=args.repeats, tolerance=args.tolerance, summary=args.summary,
+                                        tags=tags))
     plants = [float(p) for p in args.plants.split(",")]
     rows: dict[float, list[tuple[bool, bool, float | None, float]]] = {p: [] for p in plants}
     for index in range(args.trials):  # plants interleaved, so that drift over the hour hits all of them
