@@ -93,11 +93,17 @@ def trial(work: Path, suite: Path, planted: float, repeats: int, index: int,
 
 def _run(work: Path, suite: Path, planted: float, repeats: int, run_id: str,
          measure: float) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "stackgate", "run", "--backend", "venv", "--suite", str(suite),
-                           "--matrix", str(HERE / "sensitivity-matrix.toml"),
-                           "--no-platform-checks", "--no-rollback", "--suite-env", f"PLANTED_SLOWDOWN={planted}",
-                           "--suite-env", f"SENSITIVITY_MEASURE_S={measure}",
-                           "--repeats", str(repeats), "--reports", str(work), "--run-id", run_id],
+    return _stackgate("run", work, suite, run_id, measure, "--suite-env", f"PLANTED_SLOWDOWN={planted}",
+                      "--repeats", str(repeats))
+
+
+def _stackgate(command: str, work: Path, suite: Path, run_id: str, measure: float,
+               *more: str) -> subprocess.CompletedProcess[str]:
+    """`stackgate COMMAND` on the sensitivity suite and matrix, as every trial and the calibration run it."""
+    return subprocess.run([sys.executable, "-m", "stackgate", command, "--backend", "venv", "--suite", str(suite),
+                           "--matrix", str(HERE / "sensitivity-matrix.toml"), "--no-platform-checks",
+                           "--no-rollback", "--suite-env", f"SENSITIVITY_MEASURE_S={measure}",
+                           "--reports", str(work), "--run-id", run_id, *more],
                           capture_output=True, text=True, check=False)
 
 
@@ -105,12 +111,8 @@ def calibrated(work: Path, suite: Path, runs: int, measure: float) -> tuple[floa
     """The tolerance and repeats `stackgate calibrate --target 0.05 --allow 0.01` recommends for
     workload.step_time on this machine, from RUNS A/A runs of the suite as the trials run it."""
     start = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "stackgate", "calibrate", "--runs", str(runs), "--target", "0.05",
-                           "--allow", "0.01", "--backend", "venv", "--suite", str(suite),
-                           "--matrix", str(HERE / "sensitivity-matrix.toml"), "--no-platform-checks",
-                           "--no-rollback", "--suite-env", f"SENSITIVITY_MEASURE_S={measure}",
-                           "--reports", str(work), "--run-id", "calibration"],
-                          capture_output=True, text=True, check=False)
+    proc = _stackgate("calibrate", work, suite, "calibration", measure, "--runs", str(runs), "--target", "0.05",
+                      "--allow", "0.01")
     print(proc.stdout[proc.stdout.find("calibration of pool"):].rstrip(), flush=True)
     found = work / "calibration" / "calibration.json"
     if proc.returncode != 0 or not found.exists():
