@@ -7,11 +7,17 @@ log ratios about 0 (of per-run summaries, as the metric's rule summarises runs; 
 order effect counts, as it does in the gate's counterbalanced pairs) is its noise sigma. For a
 target change D that must be detected, and an allowed change A (< D) that must pass, the gate says
 NO-GO for D and OK (not merely "not NO-GO": INCONCLUSIVE is a red build too) for A, each with 95%
-confidence and ~90% power, when
+confidence and the power z(power) stands for, when
 
     tolerance = (A + D) / 2   and   (t(confidence, n-1) + z(power)) * sigma / sqrt(n) <= (D - A) / 2,
 
 which gives the repeats n: D's interval must end above the tolerance, A's (and no change's) below it.
+The repeats are planned for 95% power (PLAN_POWER) at the noise's 80% upper confidence bound
+(NOISE_BOUND: sigma from k A/A pairs about 0 is sigma_true * sqrt(chi2_k / k)), not for ~90% at the
+point estimate: a target such as "5% caught in 18 of 20 trials" is a 90% rate, which a plan for 90%
+power at a sigma measured from 10 pairs meets only about half the time. Measured here
+(docs/performance.md, 2026-12-04): sigma 1.0% from 10 pairs; the point-estimate plan, 5 repeats,
+caught a planted 5% in fewer than 18 of 20 trials.
 A tolerance at A itself (this module's rule before #22) flags a change of A at most 2.5% of the time
 with fewer repeats, but leaves an A/A run INCONCLUSIVE most of the time: with its recommendation
 (tolerance 1%, 3 repeats) 15 of 20 A/A trials were INCONCLUSIVE here (docs/performance.md). The
@@ -28,7 +34,9 @@ from dataclasses import dataclass
 
 from stackgate import stats
 
-POWER_Z = statistics.NormalDist().inv_cdf(0.90)
+POWER = 0.90  # what `detectable` and `runs_to_settle` describe: the gate's power, as reports state it
+PLAN_POWER = 0.95  # what `recommend` plans the repeats for ...
+NOISE_BOUND = 0.80  # ... at this upper confidence bound of the noise it measured
 SECONDS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}  # time units a metric's samples may have
 
 
@@ -39,6 +47,12 @@ class Noise:
     pairs: int
     apart: int = 0  # pairs that stood apart (a whole run slowed): the gate's sign test leaves them out from 9 pairs
     span_s: float | None = None  # the time one run's samples cover (median over runs; time units only)
+
+    def bound(self, level: float = NOISE_BOUND) -> float:
+        """The `level` upper confidence bound of the noise: sigma is measured about 0 from the pairs not
+        apart, so sigma**2 * k / sigma_true**2 is chi-square with k = those pairs degrees of freedom."""
+        k = max(self.pairs - self.apart, 1)
+        return self.sigma * math.sqrt(k / stats.chi2_quantile(1 - level, k))
 
     def to_json(self) -> dict[str, float | int | str | None]:
         return {"metric": self.metric, "sigma": round(self.sigma, 6), "pairs": self.pairs, "apart": self.apart,
@@ -76,18 +90,20 @@ def _about_zero(logs: Sequence[float]) -> float:
     return math.sqrt(math.fsum(x * x for x in logs) / len(logs))
 
 
-def detectable(sigma: float, repeats: int, tolerance: float, confidence: float = 0.95) -> float:
-    """The smallest true change the gate flags as a regression ~90% of the time with `repeats`
-    interleaved runs at `tolerance` (the gate's power, as a change)."""
+def detectable(sigma: float, repeats: int, tolerance: float, confidence: float = 0.95, power: float = POWER) -> float:
+    """The smallest true change the gate flags as a regression with probability `power` (~90%) with
+    `repeats` interleaved runs at `tolerance` (the gate's power, as a change)."""
     if repeats < 2:
         return float("inf")
-    return tolerance + (stats.t_quantile(confidence, repeats - 1) + POWER_Z) * sigma / math.sqrt(repeats)
+    z = statistics.NormalDist().inv_cdf(power)
+    return tolerance + (stats.t_quantile(confidence, repeats - 1) + z) * sigma / math.sqrt(repeats)
 
 
-def runs_for(sigma: float, margin: float, confidence: float = 0.95, most: int = 100) -> int | None:
+def runs_for(sigma: float, margin: float, confidence: float = 0.95, most: int = 100,
+             power: float = POWER) -> int | None:
     """The fewest interleaved runs (2 .. most) with which a true change `margin` beyond the tolerance
-    is told from it ~90% of the time at noise `sigma` (`detectable`); None if `most` do not do."""
-    return next((n for n in range(2, most + 1) if detectable(sigma, n, 0.0, confidence) <= margin), None)
+    is told from it with probability `power` at noise `sigma` (`detectable`); None if `most` do not do."""
+    return next((n for n in range(2, most + 1) if detectable(sigma, n, 0.0, confidence, power) <= margin), None)
 
 
 def runs_to_settle(found: stats.Comparison, confidence: float = 0.95, most: int = 100) -> int | None:
@@ -105,17 +121,21 @@ class Recommendation:
     sigma: float
     tolerance: float
     repeats: int
-    detects: float  # the change `repeats` detect: above the target when even the most allowed are not enough
+    detects: float  # the change `repeats` detect as planned: above the target when even the most allowed are not enough
     allow: float = 0.0  # the change that passes as OK
     apart: int = 0
     pairs: int = 0
     confirms: bool = True  # the gate's confirmation takes a comparison with a pair apart to the sign test's pairs
     span_s: float | None = None
+    planned: float | None = None  # the noise the repeats are planned for (`Noise.bound`)
 
     def describe(self, target: float) -> str:
         span = f" (runs whose samples cover {self.span_s:.2g} s)" if self.span_s is not None else ""
+        plan = (f" (repeats planned for {PLAN_POWER:.0%} power at {self.planned:.1%}, the noise's "
+                f"{NOISE_BOUND:.0%} upper bound from {self.pairs - self.apart} A/A pairs)"
+                if self.planned is not None else "")
         text = (f"{self.metric}: run-to-run noise {self.sigma:.1%}{span}; to detect {target:.1%} and pass "
-                f"{self.allow:.1%} as OK: tolerance {self.tolerance:.1%} with repeats = {self.repeats}")
+                f"{self.allow:.1%} as OK: tolerance {self.tolerance:.1%} with repeats = {self.repeats}{plan}")
         if self.apart and self.confirms:
             text += (f" ({self.apart} of {self.pairs} A/A pairs stood apart, a run slowed whole, and are left out"
                      " of the noise; when a comparison has such a pair, confirmation runs the pairs the gate's sign "
@@ -131,7 +151,8 @@ class Recommendation:
 
 def recommend(found: Noise, target: float, allow: float, confidence: float = 0.95, most: int = 100,
               confirms: bool = True) -> Recommendation:
-    """Tolerance and repeats that detect `target` and pass a change of `allow` as OK (~90% power each).
+    """Tolerance and repeats that detect `target` and pass a change of `allow` as OK, each with 95%
+    power (PLAN_POWER) at the noise's 80% upper bound (`Noise.bound`), not at its point estimate.
     When runs slowed whole happen here (A/A pairs apart), the gate needs the sign test's pairs (9 at 95%)
     to leave such a pair out: with confirmation on (`confirms`) it runs them itself when a comparison
     has one (`commands.run._sign_test_runs`), so the repeats are what the clean pairs need; with it off,
@@ -139,8 +160,10 @@ def recommend(found: Noise, target: float, allow: float, confidence: float = 0.9
     if not 0 <= allow < target:
         raise ValueError(f"allowed change {allow} must be below the target {target}")
     tolerance = (allow + target) / 2
-    n = runs_for(found.sigma, target - tolerance, confidence, most) or most
+    planned = found.bound()
+    n = runs_for(planned, target - tolerance, confidence, most, PLAN_POWER) or most
     if found.apart and not confirms:
         n = max(n, stats.sign_test_pairs(confidence))
-    return Recommendation(found.metric, found.sigma, tolerance, n, detectable(found.sigma, n, tolerance, confidence),
-                          allow, found.apart, found.pairs, confirms, found.span_s)
+    return Recommendation(found.metric, found.sigma, tolerance, n,
+                          detectable(planned, n, tolerance, confidence, PLAN_POWER), allow, found.apart, found.pairs,
+                          confirms, found.span_s, planned)

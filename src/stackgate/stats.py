@@ -206,6 +206,14 @@ def t_quantile(confidence: float, df: int) -> float:
             + (79 * z**9 + 776 * z**7 + 1482 * z**5 - 1920 * z**3 - 945 * z) / (92160 * v**4))
 
 
+def chi2_quantile(p: float, df: int) -> float:
+    """The chi-square distribution's p-quantile with `df` degrees of freedom (Wilson-Hilferty). Checked
+    against the tables: within 1% at p = 0.2 (the bound `calibrate` plans with) from df = 2, within 0.1%
+    at p = 0.1 from df = 5; 7% low at p = 0.1 with df = 2."""
+    z = statistics.NormalDist().inv_cdf(p)
+    return df * max(1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df)), 0.0) ** 3
+
+
 def run_summaries(runs: Sequence[Sequence[float]], summary: str = "median", better: str = "lower") -> list[float]:
     """One number per run (its samples are the steps or iterations of one process): their median,
     or with `summary="best"` the best of them (the smallest if lower is better, else the largest)."""

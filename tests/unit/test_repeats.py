@@ -92,10 +92,13 @@ def test_calibration_arithmetic() -> None:
     assert found.sigma == pytest.approx(math.sqrt(sum(x * x for x in logs) / 4), rel=1e-9)  # about 0: A/A
     rec = calibrate.recommend(found, target=0.05, allow=0.01)
     assert rec.tolerance == pytest.approx(0.03)  # halfway: 5% must end above it, 1% (and 0%) below it
-    assert calibrate.detectable(found.sigma, rec.repeats, rec.tolerance) <= 0.05  # enough repeats ...
-    assert calibrate.detectable(found.sigma, rec.repeats - 1, rec.tolerance) > 0.05  # ... and no more
+    # planned at the noise's 80% upper bound (4 pairs: chi-square 0.2-quantile 1.649) for 95% power
+    assert rec.planned == pytest.approx(found.sigma * math.sqrt(4 / 1.649), rel=0.01)
+    power = calibrate.PLAN_POWER
+    assert calibrate.detectable(rec.planned, rec.repeats, rec.tolerance, power=power) <= 0.05  # enough repeats ...
+    assert calibrate.detectable(rec.planned, rec.repeats - 1, rec.tolerance, power=power) > 0.05  # ... and no more
     # the allowed change passes as OK with the same power: its interval's upper end stays below the tolerance
-    margin = calibrate.detectable(found.sigma, rec.repeats, rec.tolerance) - rec.tolerance
+    margin = calibrate.detectable(rec.planned, rec.repeats, rec.tolerance, power=power) - rec.tolerance
     assert 0.01 + margin <= rec.tolerance
     assert "to detect 5.0% and pass 1.0% as OK: tolerance 3.0%" in rec.describe(0.05)
     wider = calibrate.recommend(found, target=0.05, allow=0.025)
@@ -304,7 +307,8 @@ def test_runs_to_settle_an_inconclusive_at_the_noise_its_pairs_showed() -> None:
     assert calibrate.runs_to_settle(seen(0.0, 0.0)) is None  # no spread measured: nothing to plan from
     assert calibrate.runs_to_settle(stats.Comparison(1, 1, 0.0, 0, 0, 0.03, stats.Outcome.INCONCLUSIVE, 0, 0)) is None
     # calibrate's own repeats come from the same rule
-    assert calibrate.recommend(calibrate.Noise("x", 0.02, 5), 0.05, 0.01).repeats == calibrate.runs_for(0.02, 0.02)
+    found = calibrate.Noise("x", 0.02, 5)
+    assert calibrate.recommend(found, 0.05, 0.01).repeats == calibrate.runs_for(found.bound(), 0.02, power=0.95)
 
 
 def test_the_paired_statistic_reports_the_pairs_noise_robustly_when_it_uses_the_sign_test() -> None:
@@ -482,13 +486,32 @@ def test_calibrate_counts_a_run_slowed_whole_apart_instead_of_folding_it_into_th
     # the gate's confirmation takes a comparison with such a pair to the sign test's 9 pairs itself: the
     # repeats are what the clean pairs need; with confirmation off they must be 9 from the start
     rec = calibrate.recommend(found, target=0.05, allow=0.01)
-    assert rec.repeats == calibrate.runs_for(found.sigma, 0.02) and "confirmation runs the pairs" in rec.describe(0.05)
+    assert rec.repeats == calibrate.runs_for(found.bound(), 0.02, power=0.95)
+    assert "confirmation runs the pairs" in rec.describe(0.05) and "from 4 A/A pairs" in rec.describe(0.05)
     quiet = calibrate.Noise("x", 0.005, 5, apart=1)
-    assert calibrate.recommend(quiet, 0.05, 0.01).repeats == calibrate.runs_for(0.005, 0.02) < 9
+    assert calibrate.recommend(quiet, 0.05, 0.01).repeats == calibrate.runs_for(quiet.bound(), 0.02, power=0.95) < 9
     off = calibrate.recommend(quiet, target=0.05, allow=0.01, confirms=False)
     assert off.repeats == 9 and "as confirmation is off" in off.describe(0.05)  # the sign test's minimum
     clean = calibrate.noise("x", [[b] for b in (2.50, 2.51, 2.49, 2.50, 2.51, 2.50, 2.50, 2.49)])
     assert clean is not None and clean.apart == 0 and calibrate.recommend(clean, 0.05, 0.01).repeats < 9  # no floor
+
+
+def test_calibrate_plans_its_repeats_at_an_upper_bound_of_the_noise_it_measured() -> None:
+    """The sensitivity workload on this machine (2026-12-04, docs/performance.md): calibrate measured
+    1.0% from 10 A/A pairs and, planning for ~90% power at that figure, recommended 5 repeats; those
+    caught a planted 5% in fewer than 18 of 20 trials, the issue's 90% rate. A sigma from 10 pairs is
+    itself uncertain (its 80% upper bound is 1.27x), and 90% power makes 18 of 20 a coin flip."""
+    found = calibrate.Noise("workload.step_time", 0.010, 10)
+    assert found.bound() == pytest.approx(0.010 * math.sqrt(10 / 6.179), rel=0.005)  # the table's chi2(0.2, 10)
+    assert calibrate.runs_for(found.sigma, 0.02) == 5  # the point-estimate plan it replaces
+    rec = calibrate.recommend(found, 0.05, 0.01)
+    assert rec.repeats == 7 and rec.detects <= 0.05
+    assert "repeats planned for 95% power at 1.3%, the noise's 80% upper bound from 10 A/A pairs" in rec.describe(0.05)
+    # more A/A pairs: a tighter bound, fewer repeats for the same measured noise
+    assert calibrate.recommend(calibrate.Noise("w", 0.010, 40), 0.05, 0.01).repeats < rec.repeats
+    assert calibrate.Noise("w", 0.010, 10, apart=2).bound() > found.bound()  # pairs apart are not counted
+    for df, table in ((2, 0.446), (5, 2.343), (10, 6.179), (20, 14.578)):  # chi-square 0.2-quantiles
+        assert stats.chi2_quantile(0.2, df) == pytest.approx(table, rel=0.011)
 
 
 def test_calibrate_says_how_long_each_run_measured() -> None:
