@@ -122,20 +122,19 @@ class Recommendation:
     tolerance: float
     repeats: int
     detects: float  # the change `repeats` detect as planned: above the target when even the most allowed are not enough
+    planned: float  # the noise the repeats are planned for (`Noise.bound`)
     allow: float = 0.0  # the change that passes as OK
     apart: int = 0
     pairs: int = 0
     confirms: bool = True  # the gate's confirmation takes a comparison with a pair apart to the sign test's pairs
     span_s: float | None = None
-    planned: float | None = None  # the noise the repeats are planned for (`Noise.bound`)
 
     def describe(self, target: float) -> str:
         span = f" (runs whose samples cover {self.span_s:.2g} s)" if self.span_s is not None else ""
-        plan = (f" (repeats planned for {PLAN_POWER:.0%} power at {self.planned:.1%}, the noise's "
-                f"{NOISE_BOUND:.0%} upper bound from {self.pairs - self.apart} A/A pairs)"
-                if self.planned is not None else "")
         text = (f"{self.metric}: run-to-run noise {self.sigma:.1%}{span}; to detect {target:.1%} and pass "
-                f"{self.allow:.1%} as OK: tolerance {self.tolerance:.1%} with repeats = {self.repeats}{plan}")
+                f"{self.allow:.1%} as OK: tolerance {self.tolerance:.1%} with repeats = {self.repeats} (repeats "
+                f"planned for {PLAN_POWER:.0%} power at {self.planned:.1%}, the noise's {NOISE_BOUND:.0%} upper "
+                f"bound from {self.pairs - self.apart} A/A pairs)")
         if self.apart and self.confirms:
             text += (f" ({self.apart} of {self.pairs} A/A pairs stood apart, a run slowed whole, and are left out"
                      " of the noise; when a comparison has such a pair, confirmation runs the pairs the gate's sign "
@@ -165,5 +164,5 @@ def recommend(found: Noise, target: float, allow: float, confidence: float = 0.9
     if found.apart and not confirms:
         n = max(n, stats.sign_test_pairs(confidence))
     return Recommendation(found.metric, found.sigma, tolerance, n,
-                          detectable(planned, n, tolerance, confidence, PLAN_POWER), allow, found.apart, found.pairs,
-                          confirms, found.span_s, planned)
+                          detectable(planned, n, tolerance, confidence, PLAN_POWER), planned, allow, found.apart,
+                          found.pairs, confirms, found.span_s)
