@@ -115,6 +115,17 @@ def runs_to_settle(found: stats.Comparison, confidence: float = 0.95, most: int 
     return runs_for(found.noise, abs(math.log1p(found.change) - math.log1p(found.tolerance)), confidence, most)
 
 
+def noisier(seen: float, pairs: int, sigma: float, calibrated_pairs: int, level: float = 0.95) -> bool:
+    """Whether a run's pairs spread more than the noise `stackgate calibrate` measured can explain: the
+    run's spread (about its pairs' mean, pairs - 1 degrees of freedom) against the calibrated one (about 0,
+    one per A/A pair), squared, beyond the F distribution's `level` quantile. The runner was noisier in
+    this run than when calibrated (its noise moves by the hour here: docs/performance.md), so the repeats
+    planned from that calibration may miss the change they were planned to catch."""
+    if pairs < 3 or calibrated_pairs < 2 or not 0 < sigma < math.inf or not 0 <= seen < math.inf:
+        return False
+    return (seen / sigma) ** 2 > stats.f_quantile(level, pairs - 1, calibrated_pairs)
+
+
 @dataclass(frozen=True)
 class Recommendation:
     metric: str

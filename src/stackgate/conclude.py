@@ -77,6 +77,9 @@ def decide_and_report(opts: Options, env: Mapping[str, str], loaded: Loaded, cho
             say(f"  ... and {len(known) - 5} more in report.md")
     for line in performance_lines(outcome):
         say(line)
+    for key, entry in report.power.items():
+        if "note" in entry:
+            say(f"gate power: {key}: {entry['note']}")
     for line in supply_lines(outcome, str(database or "")):
         say(line)
     say(f"reports: {run_dir}/report.md report.json junit.xml report.html")
@@ -117,7 +120,8 @@ def supply_lines(outcome: GateOutcome, database: str) -> list[str]:
 def _power(opts: Options, loaded: Loaded, outcome: GateOutcome, cells: Sequence[Cell]) -> dict[str, Any]:
     """What the gate can detect, per gated comparison: from the pool's calibration (if any), with the
     runs the policy makes, and from the noise its pairs showed in this run, with the runs made (a
-    runner noisier than when it was calibrated shows here as a larger change detected)."""
+    runner noisier than when it was calibrated shows here as a larger change detected, and, beyond what
+    the calibrated noise explains (`calibrate.noisier`), as a note that says to calibrate again)."""
     from stackgate import calibrate as cal
     pools = {c.id: c.pool.name for c in cells}
     try:
@@ -130,17 +134,26 @@ def _power(opts: Options, loaded: Loaded, outcome: GateOutcome, cells: Sequence[
     out: dict[str, Any] = {}
     for comparison in outcome.evidence.comparisons:
         found = comparison.comparison
-        sigma = noise.get(pools.get(comparison.cell, ""), {}).get(comparison.metric)
+        calibrated = noise.get(pools.get(comparison.cell, ""), {}).get(comparison.metric)
         seen = found.method == "paired" and found.pairs >= 2
-        if not comparison.gated or (sigma is None and not seen):
+        if not comparison.gated or (calibrated is None and not seen):
             continue
         entry: dict[str, Any] = {"tolerance": found.tolerance}
-        if sigma is not None:
+        if calibrated is not None:
+            sigma = calibrated.sigma
             entry.update(sigma=round(sigma, 6), repeats=runs, detects=round(cal.detectable(sigma, runs, found.tolerance,
-                                                                                            confidence), 4))
+                                                                                            confidence), 4),
+                         calibrated=calibrated.recorded, calibrated_pairs=calibrated.pairs)
         if seen:
             entry.update(seen=round(found.noise, 6), pairs=found.pairs,
                          detects_seen=round(cal.detectable(found.noise, found.pairs, found.tolerance, confidence), 4))
+        if calibrated is not None and seen and cal.noisier(found.noise, found.pairs, calibrated.sigma,
+                                                           calibrated.pairs):
+            entry["note"] = (f"this run's {found.pairs} pairs spread {found.noise:.1%}, more than the "
+                             f"{calibrated.sigma:.1%} stackgate calibrate measured on pool "
+                             f"{pools[comparison.cell]} at {calibrated.recorded} explains: the runner is noisier "
+                             f"than when calibrated, and the repeats planned then may miss the change they were "
+                             f"planned to catch; calibrate again, close to the runs it gates")
         out[f"{comparison.cell} {comparison.metric}"] = entry
     return out
 

@@ -224,14 +224,25 @@ def record_calibration(path: Path, *, pool: str, run_id: str, recorded: str,
                          [(pool, metric, sigma, pairs, run_id, recorded) for metric, sigma, pairs in noise])
 
 
-def calibration(path: Path, pool: str) -> dict[str, float]:
-    """The latest calibrated noise (sigma) per metric key of a pool."""
+@dataclass(frozen=True)
+class Calibrated:
+    """A pool's calibrated noise of one metric: sigma from `pairs` A/A pairs, and when."""
+
+    sigma: float
+    pairs: int
+    recorded: str
+    run_id: str
+
+
+def calibration(path: Path, pool: str) -> dict[str, Calibrated]:
+    """The latest calibrated noise per metric key of a pool."""
     if not path.exists():
         return {}
     with connect(path) as conn:
-        rows = conn.execute("SELECT metric, sigma FROM calibration WHERE pool = ? ORDER BY recorded ASC, run_id ASC",
-                            (pool,)).fetchall()
-    return {metric: float(sigma) for metric, sigma in rows}
+        rows = conn.execute("SELECT metric, sigma, pairs, recorded, run_id FROM calibration WHERE pool = ? "
+                            "ORDER BY recorded ASC, run_id ASC", (pool,)).fetchall()
+    return {metric: Calibrated(float(sigma), int(pairs), str(recorded), str(run_id))
+            for metric, sigma, pairs, recorded, run_id in rows}
 
 
 @dataclass(frozen=True)

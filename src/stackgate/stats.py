@@ -214,6 +214,19 @@ def chi2_quantile(p: float, df: int) -> float:
     return df * max(1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df)), 0.0) ** 3
 
 
+def f_quantile(p: float, d1: int, d2: int) -> float:
+    """The F distribution's p-quantile with (d1, d2) degrees of freedom (Paulson's approximation, from
+    Wilson-Hilferty's cube root of each chi-square). Checked against the tables at p = 0.95: within 1%
+    from d1 = 2 and d2 = 5, 2% with d1 = 1 or d2 = 4, 7% high with d2 = 3."""
+    z = statistics.NormalDist().inv_cdf(p)
+    a, b = 2 / (9 * d1), 2 / (9 * d2)
+    lead = (1 - b) ** 2 - z * z * b
+    root = (1 - a) ** 2 * b + (1 - b) ** 2 * a - z * z * a * b
+    if lead <= 0 or root < 0:  # too few degrees of freedom for the approximation: no finite bound
+        return math.inf
+    return (((1 - a) * (1 - b) + z * math.sqrt(root)) / lead) ** 3
+
+
 def run_summaries(runs: Sequence[Sequence[float]], summary: str = "median", better: str = "lower") -> list[float]:
     """One number per run (its samples are the steps or iterations of one process): their median,
     or with `summary="best"` the best of them (the smallest if lower is better, else the largest)."""

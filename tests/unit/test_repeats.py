@@ -6,12 +6,13 @@ from __future__ import annotations
 import json
 import math
 import random
+import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from stackgate import calibrate, stats
+from stackgate import calibrate, history, stats
 from stackgate.backends.base import Execution
 from stackgate.backends.memory import MemoryBackend, Script, answer
 from stackgate.commands.calibrate import calibrate as calibrate_command
@@ -270,6 +271,42 @@ def test_an_inconclusive_for_noise_says_what_the_pairs_noise_needs(
     md = (tmp_path / "r" / "mem" / "report.md").read_text()
     power_row = f"work.step\\_time | 50.0% | - | - | - | {spread:.1%} | 5 | >= "  # calibrated: none; this run's
     assert any(power_row in line for line in md.splitlines()), md
+
+
+def test_a_run_noisier_than_its_pools_calibration_says_to_calibrate_again(
+        no_subprocesses: MemoryBackend, run_memory: RunMemory, gated_policy: Path, tmp_path: Path) -> None:
+    """The runner's noise moves by the hour (docs/performance.md): when a run's pairs spread more than the
+    noise calibrate recorded for the pool can explain (F test), the report and the console say so, with
+    the calibration's date, and that the repeats planned from it may miss their target."""
+    no_subprocesses.script = _timed([x * 2 for x in CALM], candidate_factor=[1.0, 1.4])  # pairs spread ~28%
+    history.record_calibration(tmp_path / "r" / "history.sqlite", pool="local", run_id="cal-1",
+                               recorded="2026-12-01T09:00:00Z", noise=[("work.step_time", 0.01, 10)])
+    code, report, said = run_memory(policy=str(gated_policy))
+    assert code == 1 and report["decision"] == "INCONCLUSIVE"  # the note changes no verdict
+    (power,) = report["power"].values()
+    assert power["sigma"] == 0.01 and power["calibrated"] == "2026-12-01T09:00:00Z" and power["calibrated_pairs"] == 10
+    assert "more than the 1.0% stackgate calibrate measured on pool local at 2026-12-01T09:00:00Z" in power["note"]
+    assert any(line.startswith("gate power: ") and "calibrate again" in line for line in said), said
+    md = (tmp_path / "r" / "mem" / "report.md").read_text()
+    assert "noisier than when calibrated" in md and "noisier than when calibrated" in \
+        (tmp_path / "r" / "mem" / "report.html").read_text()
+    # a calibration that saw such noise explains it: no note
+    history.record_calibration(tmp_path / "r" / "history.sqlite", pool="local", run_id="cal-2",
+                               recorded="2026-12-02T09:00:00Z", noise=[("work.step_time", 0.3, 10)])
+    shutil.rmtree(tmp_path / "r" / "mem")
+    code, report, said = run_memory(policy=str(gated_policy))
+    (power,) = report["power"].values()
+    assert code == 1 and power["sigma"] == 0.3 and "note" not in power and not any("gate power" in line for line in said)
+
+
+def test_noisier_than_calibrated_is_an_f_test_of_the_two_spreads() -> None:
+    for d1, d2, table in ((4, 10, 3.48), (6, 10, 3.22), (2, 5, 5.79), (4, 20, 2.87), (8, 40, 2.18), (13, 10, 2.89)):
+        assert stats.f_quantile(0.95, d1, d2) == pytest.approx(table, rel=0.01)  # F tables, 0.95
+    # 5 pairs against 1.0% from 10 A/A pairs: F(0.95; 4, 10) = 3.48, so up to 1.86% is explained
+    assert not calibrate.noisier(0.018, 5, 0.01, 10) and calibrate.noisier(0.019, 5, 0.01, 10)
+    assert calibrate.noisier(0.015, 30, 0.01, 40) and not calibrate.noisier(0.015, 5, 0.01, 40)  # more pairs tell less
+    assert not calibrate.noisier(0.5, 2, 0.01, 10)  # one spread from two pairs tells nothing
+    assert not calibrate.noisier(0.05, 5, 0.0, 10)  # a calibration of no noise (one clock tick) is no yardstick
 
 
 def test_calibrated_noise_counts_an_order_effect_as_the_gates_counterbalanced_pairs_see_it() -> None:

@@ -140,6 +140,9 @@ def render(report: RunReport) -> str:
         if ungated:
             h.append(f"<details><summary>{len(ungated)} ungated comparison(s): shown, never deciding</summary>"
                      f"{_perf_table(ungated)}</details>")
+        drift = [f"<li><code>{escape(k)}</code>: {escape(v['note'])}</li>" for k, v in report.power.items() if "note" in v]
+        if drift:
+            h.append("<ul>" + "".join(drift) + "</ul>")
     for d in report.diffs:
         h.append(f"<h2>What changed</h2><p class='muted'>{escape(d.production_cell)} → {escape(d.candidate_cell)}</p>"
                  "<table><tr><th></th><th>production</th><th>candidate</th></tr>")

@@ -80,6 +80,8 @@ def render(report: RunReport) -> str:
         lines += [f"| {md_escape(k)} | {v['tolerance']:.1%} | {_power_cells(v, 'sigma', 'repeats', 'detects')} | "
                   f"{_power_cells(v, 'seen', 'pairs', 'detects_seen')} |" for k, v in report.power.items()]
         lines.append("")
+        drift = [f"- **{md_escape(k)}**: {md_escape(v['note'])}" for k, v in report.power.items() if "note" in v]
+        lines += [*drift, ""] if drift else []
     if report.host_probe:
         lines += ["## Host probe", "", "| pool | status | evidence |", "|---|---|---|"]
         lines += [f"| {md_escape(pool)} | {md_escape(str(found.get('status')))} | "
