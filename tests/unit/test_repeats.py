@@ -288,6 +288,7 @@ def test_a_run_noisier_than_its_pools_calibration_says_to_calibrate_again(
     assert "more than the 1.0% stackgate calibrate measured on pool local at 2026-12-01T09:00:00Z" in power["note"]
     assert any(line.startswith("gate power: ") and "calibrate again" in line for line in said), said
     md = (tmp_path / "r" / "mem" / "report.md").read_text()
+    assert "work.step\\_time | 50.0% | 1.0% (2026-12-01) | 5 | >= " in md
     assert "noisier than when calibrated" in md and "noisier than when calibrated" in \
         (tmp_path / "r" / "mem" / "report.html").read_text()
     # a calibration that saw such noise explains it: no note

@@ -75,7 +75,7 @@ def render(report: RunReport) -> str:
         lines += ["## Gate power", "", "What a regression must exceed to be caught ~90% of the time: from the noise "
                   "`stackgate calibrate` measured on this pool, with the runs the policy makes, and from the noise "
                   "the pairs showed in this run, with the runs made.", "",
-                  "| cell and metric | tolerance | calibrated noise | runs | detects | noise in this run | runs made "
+                  "| cell and metric | tolerance | calibrated noise (when) | runs | detects | noise in this run | runs made "
                   "| detects |", "|---|---|---|---|---|---|---|---|"]
         lines += [f"| {md_escape(k)} | {v['tolerance']:.1%} | {_power_cells(v, 'sigma', 'repeats', 'detects')} | "
                   f"{_power_cells(v, 'seen', 'pairs', 'detects_seen')} |" for k, v in report.power.items()]
@@ -171,4 +171,5 @@ def _power_cells(entry: Mapping[str, Any], noise: str, runs: str, detects: str) 
         return "- | - | -"
     found = entry[detects]
     caught = f">= {found:.1%}" if found != float("inf") else "nothing (fewer than 2 runs)"
-    return f"{entry[noise]:.1%} | {entry[runs]} | {caught}"
+    when = f" ({entry['calibrated'][:10]})" if noise == "sigma" and "calibrated" in entry else ""
+    return f"{entry[noise]:.1%}{md_escape(when)} | {entry[runs]} | {caught}"
