@@ -152,8 +152,9 @@ def _power(opts: Options, loaded: Loaded, outcome: GateOutcome, cells: Sequence[
             entry["note"] = (f"this run's {found.pairs} pairs spread {found.noise:.1%}, more than the "
                              f"{calibrated.sigma:.1%} stackgate calibrate measured on pool "
                              f"{pools[comparison.cell]} at {calibrated.recorded} explains: the runner is noisier "
-                             f"than when calibrated, and the repeats planned then may miss the change they were "
-                             f"planned to catch; calibrate again, close to the runs it gates")
+                             f"than when calibrated, and at this noise the runs the policy makes settle fewer "
+                             f"changes (one at the target may come out INCONCLUSIVE, not NO-GO); calibrate again, "
+                             f"close to the runs it gates")
         out[f"{comparison.cell} {comparison.metric}"] = entry
     return out
 

@@ -218,7 +218,8 @@ def trends(path: Path, *, channel: str, matrix: str, limit: int = 10,
 
 def record_calibration(path: Path, *, pool: str, run_id: str, recorded: str,
                        noise: Sequence[tuple[str, float, int]]) -> None:
-    """`stackgate calibrate`'s A/A noise per gated metric, for this pool."""
+    """`stackgate calibrate`'s A/A noise per gated metric, for this pool: (metric, sigma, the A/A pairs
+    sigma comes from)."""
     with connect(path) as conn:
         conn.executemany("INSERT OR REPLACE INTO calibration VALUES (?,?,?,?,?,?)",
                          [(pool, metric, sigma, pairs, run_id, recorded) for metric, sigma, pairs in noise])
@@ -226,7 +227,7 @@ def record_calibration(path: Path, *, pool: str, run_id: str, recorded: str,
 
 @dataclass(frozen=True)
 class Calibrated:
-    """A pool's calibrated noise of one metric: sigma from `pairs` A/A pairs, and when."""
+    """A pool's calibrated noise of one metric: sigma from `pairs` A/A pairs (those not apart), and when."""
 
     sigma: float
     pairs: int

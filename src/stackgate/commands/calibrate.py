@@ -81,7 +81,7 @@ def calibrate(opts: Options, env: Mapping[str, str], *, runs: int, target: float
                 if hint:
                     say(f"    {hint}")
             history.record_calibration(opts.history, pool=cell.pool.name, run_id=run_id, recorded=now(),
-                                       noise=[(n.metric, n.sigma, n.pairs) for n, _, _ in rows])
+                                       noise=[(n.metric, n.sigma, n.pairs - n.apart) for n, _, _ in rows])
             report["pools"][cell.pool.name] = [{**n.to_json(), "recommended_tolerance": r.tolerance,
                                                 "recommended_repeats": r.repeats, "pairs_disturbed": dropped}
                                                for n, r, _ in rows]
