@@ -1,5 +1,5 @@
-"""`nox -s sensitivity -- [--trials K] [--repeats N] [--tolerance T] [--calibrate RUNS] [--summary best|median]
-[--plants 0,0.01,0.05,0.1] [--clock cpu|wall] [--hog LOOPS] [--measure SECONDS]`:
+"""`nox -s sensitivity -- [--trials K] [--repeats N] [--confirm-repeats M] [--tolerance T] [--calibrate RUNS]
+[--summary best|median] [--plants 0,0.01,0.05,0.1] [--clock cpu|wall] [--hog LOOPS] [--measure SECONDS]`:
 plant a known slowdown (real extra work in the candidate, see sensitivity_suite/test_workload.py)
 and run the real gate K times per planted change; print how often it says NO-GO for a regression
 of workload.step_time. Targets on this CPU machine: 5% detected in >= 90% of trials, 0% and 1%
@@ -9,9 +9,10 @@ workload records both; default cpu, the process's CPU time). `--hog LOOPS` start
 loops during every trial, switched on and off every few seconds (a random phase per trial), so that
 some runs of a trial are disturbed and others not. `--measure` sets how long each run of the workload
 steps (default 3 s; 0 gives its minimum, 300 steps). `--calibrate RUNS` first runs `stackgate calibrate
---runs RUNS --target 0.05 --allow 0.01` on the same suite, matrix and settings and takes the tolerance
-and repeats it recommends for workload.step_time instead of --tolerance and --repeats (the protocol of
-#22's targets, in one command). A benchmark: it prints figures and asserts nothing.
+--runs RUNS --target 0.05 --allow 0.01` on the same suite, matrix and settings and takes the tolerance,
+repeats and confirm_repeats it recommends for workload.step_time instead of --tolerance, --repeats and
+--confirm-repeats (the protocol of #22's targets, in one command). It keeps each trial's reports and
+says where. A benchmark: it prints figures and asserts nothing.
 """
 
 from __future__ import annotations
@@ -81,7 +82,7 @@ class Hog:
             on, first = not on, 0.0
 
 
-def trial(work: Path, suite: Path, planted: float, repeats: int, index: int,
+def trial(work: Path, suite: Path, planted: float, repeats: tuple[int, int | None], index: int,
           hog: int = 0, measure: float = 3.0) -> tuple[bool, bool, float | None, float]:
     run_id = f"p{planted}-t{index}"
     start = time.monotonic()
@@ -91,10 +92,11 @@ def trial(work: Path, suite: Path, planted: float, repeats: int, index: int,
     return (*_read(work, run_id, proc), took)
 
 
-def _run(work: Path, suite: Path, planted: float, repeats: int, run_id: str,
+def _run(work: Path, suite: Path, planted: float, repeats: tuple[int, int | None], run_id: str,
          measure: float) -> subprocess.CompletedProcess[str]:
+    first, confirm = repeats
     return _stackgate("run", work, suite, run_id, measure, "--suite-env", f"PLANTED_SLOWDOWN={planted}",
-                      "--repeats", str(repeats))
+                      "--repeats", str(first), *(("--confirm-repeats", str(confirm)) if confirm else ()))
 
 
 def _stackgate(command: str, work: Path, suite: Path, run_id: str, measure: float,
@@ -107,8 +109,8 @@ def _stackgate(command: str, work: Path, suite: Path, run_id: str, measure: floa
                           capture_output=True, text=True, check=False)
 
 
-def calibrated(work: Path, suite: Path, runs: int, measure: float) -> tuple[float, int]:
-    """The tolerance and repeats `stackgate calibrate --target 0.05 --allow 0.01` recommends for
+def calibrated(work: Path, suite: Path, runs: int, measure: float) -> tuple[float, int, int]:
+    """The tolerance, repeats and confirm_repeats `stackgate calibrate --target 0.05 --allow 0.01` recommends for
     workload.step_time on this machine, from RUNS A/A runs of the suite as the trials run it."""
     start = time.monotonic()
     proc = _stackgate("calibrate", work, suite, "calibration", measure, "--runs", str(runs), "--target", "0.05",
@@ -122,8 +124,10 @@ def calibrated(work: Path, suite: Path, runs: int, measure: float) -> tuple[floa
     if not rows:
         sys.exit(f"calibrate measured no workload.step_time:\n{proc.stdout[-2000:]}")
     print(f"calibrated in {time.monotonic() - start:.0f} s: tolerance {rows[0]['recommended_tolerance']:.1%}, "
-          f"repeats {rows[0]['recommended_repeats']}", flush=True)
-    return rows[0]["recommended_tolerance"], rows[0]["recommended_repeats"]
+          f"repeats {rows[0]['recommended_repeats']}, confirm_repeats {rows[0].get('recommended_confirm_repeats')}",
+          flush=True)
+    found = rows[0]
+    return found["recommended_tolerance"], found["recommended_repeats"], found.get("recommended_confirm_repeats")
 
 
 def _read(work: Path, run_id: str, proc: subprocess.CompletedProcess[str]) -> tuple[bool, bool, float | None]:
@@ -151,9 +155,12 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--trials", type=int, default=10)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--confirm-repeats", type=int, default=None,
+                    help="runs for a comparison the repeats leave unsettled (default: the policy's, 5)")
     ap.add_argument("--tolerance", type=float, default=0.025)
     ap.add_argument("--calibrate", type=int, default=0, metavar="RUNS",
-                    help="first calibrate with RUNS A/A runs and use the tolerance and repeats it recommends")
+                    help="first calibrate with RUNS A/A runs and use the tolerance, repeats and "
+                         "confirm_repeats it recommends")
     ap.add_argument("--plants", default="0,0.01,0.05,0.1")
     ap.add_argument("--summary", choices=("median", "best"), default="best",
                     help="how each run is summarised (the metric rule's `summary`; default best)")
@@ -170,17 +177,19 @@ def main() -> int:
     policy = suite / "stackgate-policy.toml"
     policy.write_text(POLICY.format(repeats=args.repeats, tolerance=args.tolerance, summary=args.summary, tags=tags))
     if args.calibrate:
-        args.tolerance, args.repeats = calibrated(work / "reports", suite, args.calibrate, args.measure)
+        args.tolerance, args.repeats, args.confirm_repeats = calibrated(work / "reports", suite, args.calibrate,
+                                                                        args.measure)
         policy.write_text(POLICY.format(repeats=args.repeats, tolerance=args.tolerance, summary=args.summary,
                                         tags=tags))
     plants = [float(p) for p in args.plants.split(",")]
     rows: dict[float, list[tuple[bool, bool, float | None, float]]] = {p: [] for p in plants}
     for index in range(args.trials):  # plants interleaved, so that drift over the hour hits all of them
         for planted in plants:
-            rows[planted].append(trial(work / "reports", suite, planted, args.repeats, index, args.hog,
-                                         args.measure))
+            rows[planted].append(trial(work / "reports", suite, planted, (args.repeats, args.confirm_repeats),
+                                         index, args.hog, args.measure))
             print(f"trial {index} planted {planted:+.0%}: {rows[planted][-1]}", flush=True)
-    print(f"\nrepeats {args.repeats}, tolerance {args.tolerance:.1%}, summary {args.summary}, clock {args.clock}, "
+    confirm = f", confirm_repeats {args.confirm_repeats}" if args.confirm_repeats else ""
+    print(f"\nrepeats {args.repeats}{confirm}, tolerance {args.tolerance:.1%}, summary {args.summary}, clock {args.clock}, "
           f"{args.measure:g} s of steps per run, "
           f"{args.trials} trials per planted change" + (f", {args.hog} busy loops on and off" if args.hog else
                                                         ", quiet"))
@@ -192,7 +201,7 @@ def main() -> int:
         print(f"{planted:+8.0%} {rate:11.0%} {unsure:13.0%} "
               f"{statistics.median(changes) if changes else float('nan'):+19.1%} "
               f"{statistics.median(t for _, _, _, t in found):10.0f}s")
-    shutil.rmtree(work, ignore_errors=True)
+    print(f"reports: {work / 'reports'} (each trial's report.json: its comparison, noise and gate power)")
     return 0
 
 

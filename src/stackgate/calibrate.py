@@ -134,6 +134,8 @@ class Recommendation:
     repeats: int
     detects: float  # the change `repeats` detect as planned: above the target when even the most allowed are not enough
     planned: float  # the noise the repeats are planned for (`Noise.bound`)
+    confirm: int  # confirm_repeats: the runs for a comparison `repeats` leave unsettled, or a NO-GO to confirm
+    confirm_planned: float  # the noise confirmation is planned for (`confirm_noise`)
     allow: float = 0.0  # the change that passes as OK
     apart: int = 0
     pairs: int = 0
@@ -146,6 +148,11 @@ class Recommendation:
                 f"{self.allow:.1%} as OK: tolerance {self.tolerance:.1%} with repeats = {self.repeats} (repeats "
                 f"planned for {PLAN_POWER:.0%} power at {self.planned:.1%}, the noise's {NOISE_BOUND:.0%} upper "
                 f"bound from {self.pairs - self.apart} A/A pairs)")
+        if self.confirms:
+            text += (f" and confirm_repeats = {self.confirm} (for a comparison {self.repeats} runs leave unsettled, "
+                     f"and before a NO-GO: planned for {PLAN_POWER:.0%} power at {self.confirm_planned:.1%}, the most "
+                     f"noise a run of {self.repeats} pairs shows 95% of the time on this runner as calibrated; beyond "
+                     f"it the report says to calibrate again)")
         if self.apart and self.confirms:
             text += (f" ({self.apart} of {self.pairs} A/A pairs stood apart, a run slowed whole, and are left out"
                      " of the noise; when a comparison has such a pair, confirmation runs the pairs the gate's sign "
@@ -174,6 +181,19 @@ def recommend(found: Noise, target: float, allow: float, confidence: float = 0.9
     n = runs_for(planned, target - tolerance, confidence, most, PLAN_POWER) or most
     if found.apart and not confirms:
         n = max(n, stats.sign_test_pairs(confidence))
+    noisy = confirm_noise(found, n)
+    confirm = max(n, runs_for(noisy, target - tolerance, confidence, most, PLAN_POWER) or most) if confirms else n
     return Recommendation(found.metric, found.sigma, tolerance, n,
-                          detectable(planned, n, tolerance, confidence, PLAN_POWER), planned, allow, found.apart,
-                          found.pairs, confirms, found.span_s)
+                          detectable(planned, n, tolerance, confidence, PLAN_POWER), planned, confirm, noisy, allow,
+                          found.apart, found.pairs, confirms, found.span_s)
+
+
+def confirm_noise(found: Noise, repeats: int, level: float = 0.95) -> float:
+    """The most noise a run of `repeats` pairs shows `level` of the time on this runner as calibrated:
+    a prediction bound for their spread (about their mean, repeats - 1 degrees of freedom) from the
+    calibrated sigma (k = the A/A pairs kept), sigma * sqrt(F(level; repeats - 1, k)): the yardstick
+    `noisier` holds a run's pairs to. The runner's noise moves between runs of a trial here (a trial's
+    pairs spread 0.4-1.8% against a calibrated 0.6%: docs/performance.md), and confirmation, which
+    runs only for a comparison left unsettled or a NO-GO to confirm, is where that costs least."""
+    k = max(found.pairs - found.apart, 1)
+    return found.sigma * math.sqrt(stats.f_quantile(level, max(repeats - 1, 1), k))

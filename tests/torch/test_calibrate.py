@@ -41,6 +41,8 @@ def test_calibrate_measures_noise_and_the_report_shows_the_gates_power(tmp_path:
     found = data["pools"]["local"][0]
     assert found["metric"] == "workload.step_time[clock=cpu]" and found["pairs"] == 2 and found["sigma"] >= 0
     assert round(found["recommended_tolerance"], 9) == 0.03 and found["recommended_repeats"] >= 2
+    assert found["recommended_confirm_repeats"] >= found["recommended_repeats"]
+    assert "and confirm_repeats = " in cal.stdout
     run = subprocess.run([sys.executable, "-m", "stackgate", "run", "--no-rollback", "--run-id", "gated", *common],
                          cwd=tmp_path, capture_output=True, text=True, timeout=900, check=False)
     assert run.returncode in (0, 1), run.stdout[-3000:] + run.stderr[-3000:]

@@ -83,7 +83,9 @@ def calibrate(opts: Options, env: Mapping[str, str], *, runs: int, target: float
             history.record_calibration(opts.history, pool=cell.pool.name, run_id=run_id, recorded=now(),
                                        noise=[(n.metric, n.sigma, n.pairs - n.apart) for n, _, _ in rows])
             report["pools"][cell.pool.name] = [{**n.to_json(), "recommended_tolerance": r.tolerance,
-                                                "recommended_repeats": r.repeats, "pairs_disturbed": dropped}
+                                                "recommended_repeats": r.repeats,
+                                                **({"recommended_confirm_repeats": r.confirm} if r.confirms else {}),
+                                                "pairs_disturbed": dropped}
                                                for n, r, _ in rows]
     finally:
         backend.close()
