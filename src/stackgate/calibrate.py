@@ -150,9 +150,9 @@ class Recommendation:
                 f"bound from {self.pairs - self.apart} A/A pairs)")
         if self.confirms:
             text += (f" and confirm_repeats = {self.confirm} (for a comparison {self.repeats} runs leave unsettled, "
-                     f"and before a NO-GO: planned for {PLAN_POWER:.0%} power at {self.confirm_planned:.1%}, the most "
-                     f"noise a run of {self.repeats} pairs shows 95% of the time on this runner as calibrated; beyond "
-                     f"it the report says to calibrate again)")
+                     f"and before a NO-GO: at least the sign test's pairs, and planned for {PLAN_POWER:.0%} power at "
+                     f"{self.confirm_planned:.1%}, the most noise a run of {self.repeats} pairs shows 95% of the time "
+                     f"on this runner as calibrated; beyond it the report says to calibrate again)")
         if self.apart and self.confirms:
             text += (f" ({self.apart} of {self.pairs} A/A pairs stood apart, a run slowed whole, and are left out"
                      " of the noise; when a comparison has such a pair, confirmation runs the pairs the gate's sign "
@@ -182,7 +182,8 @@ def recommend(found: Noise, target: float, allow: float, confidence: float = 0.9
     if found.apart and not confirms:
         n = max(n, stats.sign_test_pairs(confidence))
     noisy = confirm_noise(found, n)
-    confirm = max(n, runs_for(noisy, target - tolerance, confidence, most, PLAN_POWER) or most) if confirms else n
+    confirm = n if not confirms else max(n, runs_for(noisy, target - tolerance, confidence, most, PLAN_POWER) or most,
+                                         stats.sign_test_pairs(confidence))
     return Recommendation(found.metric, found.sigma, tolerance, n,
                           detectable(planned, n, tolerance, confidence, PLAN_POWER), planned, confirm, noisy, allow,
                           found.apart, found.pairs, confirms, found.span_s)
@@ -192,8 +193,11 @@ def confirm_noise(found: Noise, repeats: int, level: float = 0.95) -> float:
     """The most noise a run of `repeats` pairs shows `level` of the time on this runner as calibrated:
     a prediction bound for their spread (about their mean, repeats - 1 degrees of freedom) from the
     calibrated sigma (k = the A/A pairs kept), sigma * sqrt(F(level; repeats - 1, k)): the yardstick
-    `noisier` holds a run's pairs to. The runner's noise moves between runs of a trial here (a trial's
-    pairs spread 0.4-1.8% against a calibrated 0.6%: docs/performance.md), and confirmation, which
-    runs only for a comparison left unsettled or a NO-GO to confirm, is where that costs least."""
+    `noisier` holds a run's pairs to. `recommend` plans confirmation for it, and for no fewer pairs than
+    the sign test needs (9 at 95%): the runner's noise is a mixture, with a run now and then slowed
+    whole by a few percent, too seldom for 10 A/A pairs to show (a trial's pairs spread 0.4-1.9%
+    against a calibrated 0.6%; resampling the pairs of 15 trials of a planted 5%, the gate caught it
+    with 5 pairs 76% of the time, 7: 89%, 9: 96%: docs/performance.md). Confirmation runs only for a
+    comparison left unsettled, or a NO-GO to confirm: where more pairs cost least."""
     k = max(found.pairs - found.apart, 1)
     return found.sigma * math.sqrt(stats.f_quantile(level, max(repeats - 1, 1), k))
