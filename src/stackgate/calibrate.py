@@ -115,15 +115,21 @@ def runs_to_settle(found: stats.Comparison, confidence: float = 0.95, most: int 
     return runs_for(found.noise, abs(math.log1p(found.change) - math.log1p(found.tolerance)), confidence, most)
 
 
+def explained(sigma: float, calibrated_pairs: int, pairs: int, level: float = 0.95) -> float:
+    """The most noise a run of `pairs` pairs shows `level` of the time on a runner calibrated at `sigma`
+    from `calibrated_pairs` A/A pairs: a prediction bound for their spread (about their mean, pairs - 1
+    degrees of freedom; the calibrated one is about 0, one per A/A pair), sigma * sqrt(F(level; pairs - 1,
+    calibrated_pairs))."""
+    return sigma * math.sqrt(stats.f_quantile(level, max(pairs - 1, 1), max(calibrated_pairs, 1)))
+
+
 def noisier(seen: float, pairs: int, sigma: float, calibrated_pairs: int, level: float = 0.95) -> bool:
-    """Whether a run's pairs spread more than the noise `stackgate calibrate` measured can explain: the
-    run's spread (about its pairs' mean, pairs - 1 degrees of freedom) against the calibrated one (about 0,
-    one per A/A pair), squared, beyond the F distribution's `level` quantile. The runner was noisier in
-    this run than when calibrated (its noise moves by the hour here: docs/performance.md), so the repeats
-    planned from that calibration may miss the change they were planned to catch."""
+    """Whether a run's pairs spread more than the noise `stackgate calibrate` measured can explain
+    (`explained`). The runner was noisier in this run than when calibrated (its noise moves by the hour
+    here: docs/performance.md): the runs the policy makes then settle fewer changes."""
     if pairs < 3 or calibrated_pairs < 2 or not 0 < sigma < math.inf or not 0 <= seen < math.inf:
         return False
-    return (seen / sigma) ** 2 > stats.f_quantile(level, pairs - 1, calibrated_pairs)
+    return seen > explained(sigma, calibrated_pairs, pairs, level)
 
 
 @dataclass(frozen=True)
@@ -190,14 +196,11 @@ def recommend(found: Noise, target: float, allow: float, confidence: float = 0.9
 
 
 def confirm_noise(found: Noise, repeats: int, level: float = 0.95) -> float:
-    """The most noise a run of `repeats` pairs shows `level` of the time on this runner as calibrated:
-    a prediction bound for their spread (about their mean, repeats - 1 degrees of freedom) from the
-    calibrated sigma (k = the A/A pairs kept), sigma * sqrt(F(level; repeats - 1, k)): the yardstick
-    `noisier` holds a run's pairs to. `recommend` plans confirmation for it, and for no fewer pairs than
+    """The most noise a run of `repeats` pairs shows `level` of the time on this runner as calibrated
+    (`explained`, from the A/A pairs kept): the yardstick `noisier` holds a run's pairs to. `recommend` plans confirmation for it, and for no fewer pairs than
     the sign test needs (9 at 95%): the runner's noise is a mixture, with a run now and then slowed
     whole by a few percent, too seldom for 10 A/A pairs to show (a trial's pairs spread 0.4-1.9%
     against a calibrated 0.6%; resampling the pairs of 15 trials of a planted 5%, the gate caught it
     with 5 pairs 76% of the time, 7: 89%, 9: 96%: docs/performance.md). Confirmation runs only for a
     comparison left unsettled, or a NO-GO to confirm: where more pairs cost least."""
-    k = max(found.pairs - found.apart, 1)
-    return found.sigma * math.sqrt(stats.f_quantile(level, max(repeats - 1, 1), k))
+    return explained(found.sigma, found.pairs - found.apart, repeats, level)

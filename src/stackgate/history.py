@@ -232,7 +232,6 @@ class Calibrated:
     sigma: float
     pairs: int
     recorded: str
-    run_id: str
 
 
 def calibration(path: Path, pool: str) -> dict[str, Calibrated]:
@@ -240,10 +239,9 @@ def calibration(path: Path, pool: str) -> dict[str, Calibrated]:
     if not path.exists():
         return {}
     with connect(path) as conn:
-        rows = conn.execute("SELECT metric, sigma, pairs, recorded, run_id FROM calibration WHERE pool = ? "
+        rows = conn.execute("SELECT metric, sigma, pairs, recorded FROM calibration WHERE pool = ? "
                             "ORDER BY recorded ASC, run_id ASC", (pool,)).fetchall()
-    return {metric: Calibrated(float(sigma), int(pairs), str(recorded), str(run_id))
-            for metric, sigma, pairs, recorded, run_id in rows}
+    return {metric: Calibrated(float(sigma), int(pairs), str(recorded)) for metric, sigma, pairs, recorded in rows}
 
 
 @dataclass(frozen=True)
