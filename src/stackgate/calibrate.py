@@ -141,7 +141,7 @@ class Recommendation:
     detects: float  # the change `repeats` detect as planned: above the target when even the most allowed are not enough
     planned: float  # the noise the repeats are planned for (`Noise.bound`)
     confirm: int  # confirm_repeats: the runs for a comparison `repeats` leave unsettled, or a NO-GO to confirm
-    confirm_planned: float  # the noise confirmation is planned for (`confirm_noise`)
+    confirm_planned: float  # the noise confirmation is planned for (`explained` at `repeats` pairs)
     allow: float = 0.0  # the change that passes as OK
     apart: int = 0
     pairs: int = 0
@@ -179,7 +179,15 @@ def recommend(found: Noise, target: float, allow: float, confidence: float = 0.9
     When runs slowed whole happen here (A/A pairs apart), the gate needs the sign test's pairs (9 at 95%)
     to leave such a pair out: with confirmation on (`confirms`) it runs them itself when a comparison
     has one (`commands.run._sign_test_runs`), so the repeats are what the clean pairs need; with it off,
-    the repeats must be that many from the start."""
+    the repeats must be that many from the start.
+    With confirmation on, confirm_repeats too: no fewer than the sign test's pairs, and planned for 95%
+    power at the most noise a run of `repeats` pairs shows 95% of the time on this runner as calibrated
+    (`explained`, from the A/A pairs kept: the yardstick `noisier` holds a run's pairs to). The runner's
+    noise is a mixture, a run now and then slowed whole by a few percent, too seldom for 10 A/A pairs to
+    show (a trial's pairs spread 0.4-1.9% against a calibrated 0.6%; resampling the pairs of 15 trials of
+    a planted 5%, the gate caught it with 5 pairs 76% of the time, 7: 89%, 9: 96%: docs/performance.md).
+    Confirmation runs only for a comparison left unsettled, or a NO-GO to confirm: where more pairs cost
+    least."""
     if not 0 <= allow < target:
         raise ValueError(f"allowed change {allow} must be below the target {target}")
     tolerance = (allow + target) / 2
@@ -187,20 +195,10 @@ def recommend(found: Noise, target: float, allow: float, confidence: float = 0.9
     n = runs_for(planned, target - tolerance, confidence, most, PLAN_POWER) or most
     if found.apart and not confirms:
         n = max(n, stats.sign_test_pairs(confidence))
-    noisy = confirm_noise(found, n)
+    noisy = explained(found.sigma, found.pairs - found.apart, n)
     confirm = n if not confirms else max(n, runs_for(noisy, target - tolerance, confidence, most, PLAN_POWER) or most,
                                          stats.sign_test_pairs(confidence))
     return Recommendation(found.metric, found.sigma, tolerance, n,
                           detectable(planned, n, tolerance, confidence, PLAN_POWER), planned, confirm, noisy, allow,
                           found.apart, found.pairs, confirms, found.span_s)
 
-
-def confirm_noise(found: Noise, repeats: int, level: float = 0.95) -> float:
-    """The most noise a run of `repeats` pairs shows `level` of the time on this runner as calibrated
-    (`explained`, from the A/A pairs kept): the yardstick `noisier` holds a run's pairs to. `recommend` plans confirmation for it, and for no fewer pairs than
-    the sign test needs (9 at 95%): the runner's noise is a mixture, with a run now and then slowed
-    whole by a few percent, too seldom for 10 A/A pairs to show (a trial's pairs spread 0.4-1.9%
-    against a calibrated 0.6%; resampling the pairs of 15 trials of a planted 5%, the gate caught it
-    with 5 pairs 76% of the time, 7: 89%, 9: 96%: docs/performance.md). Confirmation runs only for a
-    comparison left unsettled, or a NO-GO to confirm: where more pairs cost least."""
-    return explained(found.sigma, found.pairs - found.apart, repeats, level)
