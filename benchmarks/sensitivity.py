@@ -1,5 +1,6 @@
 """`nox -s sensitivity -- [--trials K] [--repeats N] [--confirm-repeats M] [--tolerance T] [--calibrate RUNS]
-[--summary best|median] [--plants 0,0.01,0.05,0.1] [--clock cpu|wall] [--hog LOOPS] [--measure SECONDS]`:
+[--summary best|median] [--plants 0,0.01,0.05,0.1] [--clock cpu|wall] [--hog LOOPS] [--hog-plants PLANTS]
+[--measure SECONDS]`:
 plant a known slowdown (real extra work in the candidate, see sensitivity_suite/test_workload.py)
 and run the real gate K times per planted change; print how often it says NO-GO for a regression
 of workload.step_time. Targets on this CPU machine: 5% detected in >= 90% of trials, 0% and 1%
@@ -7,7 +8,9 @@ flagged in <= 5%. Production and candidate are the same stack (2.13.0+cpu, sensi
 so the planted work is the only difference. `--clock` picks the clock the policy gates (the
 workload records both; default cpu, the process's CPU time). `--hog LOOPS` starts that many busy
 loops during every trial, switched on and off every few seconds (a random phase per trial), so that
-some runs of a trial are disturbed and others not. `--measure` sets how long each run of the workload
+some runs of a trial are disturbed and others not; with `--hog-plants 0,0.1` the --plants run quiet and
+these run beside the hog, interleaved, at the same settings (both halves of #22's targets in one
+sitting, one table each). `--measure` sets how long each run of the workload
 steps (default 3 s; 0 gives its minimum, 300 steps). `--calibrate RUNS` first runs `stackgate calibrate
 --runs RUNS --target 0.05 --allow 0.01` on the same suite, matrix and settings and takes the tolerance,
 repeats and confirm_repeats it recommends for workload.step_time instead of --tolerance, --repeats and
@@ -84,7 +87,7 @@ class Hog:
 
 def trial(work: Path, suite: Path, planted: float, repeats: tuple[int, int | None], index: int,
           hog: int = 0, measure: float = 3.0) -> tuple[bool, bool, float | None, float]:
-    run_id = f"p{planted}-t{index}"
+    run_id = f"p{planted}-t{index}" + (f"-hog{hog}" if hog else "")
     start = time.monotonic()
     with Hog(hog, seed=index * 100 + round(planted * 1000)):
         proc = _run(work, suite, planted, repeats, run_id, measure)
@@ -151,6 +154,16 @@ def _read(work: Path, run_id: str, proc: subprocess.CompletedProcess[str]) -> tu
     return flagged, unsure, change
 
 
+def _table(rows: dict[float, list[tuple[bool, bool, float | None, float]]]) -> None:
+    print(f"{'planted':>8} {'NO-GO rate':>11} {'INCONCLUSIVE':>13} {'median change seen':>19} {'trial time':>11}")
+    for planted, found in rows.items():
+        changes = [c for _, _, c, _ in found if c is not None]
+        flagged, unsure = sum(f for f, _, _, _ in found), sum(u for _, u, _, _ in found)
+        print(f"{planted:+8.0%} {f'{flagged}/{len(found)}':>11} {f'{unsure}/{len(found)}':>13} "
+              f"{statistics.median(changes) if changes else float('nan'):+19.1%} "
+              f"{statistics.median(t for _, _, _, t in found):10.0f}s")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--trials", type=int, default=10)
@@ -167,6 +180,9 @@ def main() -> int:
     ap.add_argument("--clock", choices=("cpu", "wall"), default="cpu",
                     help="the clock the policy gates: the process's CPU time (default) or wall time")
     ap.add_argument("--hog", type=int, default=0, help="busy loops switched on and off during each trial")
+    ap.add_argument("--hog-plants", default="", metavar="PLANTS",
+                    help="also run these planted changes beside the hog (--hog loops, default 2), interleaved "
+                         "with the quiet --plants, at the same settings")
     ap.add_argument("--measure", type=float, default=3.0,
                     help="seconds each run of the workload steps for (default 3; 0: its minimum, 300 steps)")
     args = ap.parse_args()
@@ -181,26 +197,24 @@ def main() -> int:
                                                                         args.measure)
         policy.write_text(POLICY.format(repeats=args.repeats, tolerance=args.tolerance, summary=args.summary,
                                         tags=tags))
-    plants = [float(p) for p in args.plants.split(",")]
-    rows: dict[float, list[tuple[bool, bool, float | None, float]]] = {p: [] for p in plants}
-    for index in range(args.trials):  # plants interleaved, so that drift over the hour hits all of them
-        for planted in plants:
-            rows[planted].append(trial(work / "reports", suite, planted, (args.repeats, args.confirm_repeats),
-                                         index, args.hog, args.measure))
-            print(f"trial {index} planted {planted:+.0%}: {rows[planted][-1]}", flush=True)
+    # (planted change, busy loops) per condition: --plants under --hog, or quiet with --hog-plants beside them
+    hog_plants = [float(p) for p in args.hog_plants.split(",")] if args.hog_plants else []
+    loops = args.hog or 2
+    conditions = [(float(p), 0 if hog_plants else args.hog) for p in args.plants.split(",")]
+    conditions += [(p, loops) for p in hog_plants]
+    rows: dict[tuple[float, int], list[tuple[bool, bool, float | None, float]]] = {c: [] for c in conditions}
+    for index in range(args.trials):  # conditions interleaved, so that drift over the hours hits all of them
+        for planted, hog in conditions:
+            rows[planted, hog].append(trial(work / "reports", suite, planted, (args.repeats, args.confirm_repeats),
+                                            index, hog, args.measure))
+            print(f"trial {index} planted {planted:+.0%}{f' beside {hog} busy loops' if hog else ''}: "
+                  f"{rows[planted, hog][-1]}", flush=True)
     confirm = f", confirm_repeats {args.confirm_repeats}" if args.confirm_repeats else ""
     print(f"\nrepeats {args.repeats}{confirm}, tolerance {args.tolerance:.1%}, summary {args.summary}, clock {args.clock}, "
-          f"{args.measure:g} s of steps per run, "
-          f"{args.trials} trials per planted change" + (f", {args.hog} busy loops on and off" if args.hog else
-                                                        ", quiet"))
-    print(f"{'planted':>8} {'NO-GO rate':>11} {'INCONCLUSIVE':>13} {'median change seen':>19} {'trial time':>11}")
-    for planted, found in rows.items():
-        changes = [c for _, _, c, _ in found if c is not None]
-        rate = sum(f for f, _, _, _ in found) / len(found)
-        unsure = sum(u for _, u, _, _ in found) / len(found)
-        print(f"{planted:+8.0%} {rate:11.0%} {unsure:13.0%} "
-              f"{statistics.median(changes) if changes else float('nan'):+19.1%} "
-              f"{statistics.median(t for _, _, _, t in found):10.0f}s")
+          f"{args.measure:g} s of steps per run, {args.trials} trials per planted change")
+    for hog in sorted({h for _, h in conditions}):
+        print("quiet" if not hog else f"{hog} busy loops switched on and off during each trial")
+        _table({p: found for (p, h), found in rows.items() if h == hog})
     print(f"reports: {work / 'reports'} (each trial's report.json: its comparison, noise and gate power)")
     return 0
 
