@@ -7,6 +7,7 @@ import json
 import math
 import random
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +16,9 @@ import pytest
 from stackgate import calibrate, history, stats
 from stackgate.backends.base import Execution
 from stackgate.backends.memory import MemoryBackend, Script, answer
+from stackgate.commands import calibrate as commands_calibrate
 from stackgate.commands.calibrate import calibrate as calibrate_command
-from stackgate.model import Cell, GpuClass, Phase, Role, RunnerPool, Stack, Topology
+from stackgate.model import Cell, CellResult, GpuClass, Phase, Role, RunnerPool, Stack, Status, Topology
 from stackgate.repeats import WHOLE_SUITE, merge_tests, repeat_order
 from stackgate.suite import NodeCommand, NodeExit
 from stackgate.versions import CudaVariant, parse_torch
@@ -396,6 +398,43 @@ def test_calibration_lists_the_gated_metrics_only(no_subprocesses: MemoryBackend
     assert data["pools"]["local"][0]["pairs"] == 2
     assert data["pools"]["local"][0]["sigma"] == pytest.approx(math.log(1.1), rel=1e-5)
     assert not any("work.loss" in line for line in said)
+
+
+
+def test_calibration_says_what_its_recommendation_costs_in_wall_time_on_this_runner(
+        no_subprocesses: MemoryBackend, gated_policy: Path, tmp_path: Path) -> None:
+    """Measured 2026-12-04: a runner of the same kind, 2.5x noisier, needed repeats = 14 and confirm_repeats
+    = 24 where another needed 4 and 9; a team weighs a quieter runner against what a verdict costs."""
+    def script(command: NodeCommand, exe: Execution) -> NodeExit:
+        run = Phase.parse(command.env["STACKGATE_PHASE"]).round
+        time.sleep(0.02)
+        return answer(command, {GATED: "passed"}, metrics=[
+            {"name": "work.step_time", "unit": "ms", "samples": [10.0 + 0.1 * (run % 3)], "better": "lower",
+             "nodeid": GATED}])
+
+    no_subprocesses.script = script
+    said: list[str] = []
+    opts = memory_options(tmp_path, run_id="cal", policy=str(gated_policy))
+    assert calibrate_command(opts, {}, runs=6, target=0.05, allow=0.01, say=said.append,
+                             machinery=on_memory(no_subprocesses)) == 0
+    (found,) = json.loads((tmp_path / "r" / "cal" / "calibration.json").read_text())["pools"]["local"]
+    assert found["run_s"] >= 0.02
+    assert found["settled_s"] == round(2 * found["recommended_repeats"] * found["run_s"], 1)
+    assert found["confirmed_s"] == round(2 * found["recommended_confirm_repeats"] * found["run_s"], 1)
+    assert any(line.strip().startswith("cost on this runner, at ") for line in said), said
+
+
+def test_the_cost_of_a_recommendation_is_its_runs_at_the_gated_tests_run_time() -> None:
+    results = [CellResult("p", Role.PRODUCTION, Status.PASSED, duration_s=d) for d in (40.0, 7.0, 8.0, 7.5, 0.0)]
+    assert commands_calibrate._run_seconds(results) == 7.5  # the first runs the whole suite; 0 is not a time
+    assert commands_calibrate._run_seconds([]) == 0.0
+    rec = calibrate.recommend(calibrate.Noise("x", 0.015425, 10), target=0.05, allow=0.01)
+    assert (rec.repeats, rec.confirm) == (14, 24)  # the noisier runner of 2026-12-04
+    text = commands_calibrate._cost(rec, 7.5)
+    assert "a comparison the repeats settle takes 2 x 14 runs (production and a candidate), about 3.5 min" in text
+    assert "one confirmed (left unsettled, or before a NO-GO) 2 x 24 runs, about 6.0 min" in text
+    quiet = calibrate.recommend(calibrate.Noise("x", 0.006, 10), target=0.05, allow=0.01)
+    assert "2 x 4 runs (production and a candidate), about 60 s" in commands_calibrate._cost(quiet, 7.5)
 
 
 def test_calibration_says_when_each_runs_best_sample_is_the_quieter_summary(

@@ -4,9 +4,11 @@ metric, and the tolerance and repeats it recommends (stored in the history for t
 from __future__ import annotations
 
 import json
+import statistics
 from collections.abc import Mapping
 from typing import Any
 
+from stackgate import calibrate as cal
 from stackgate import comparison, history, inputs, masking, rundir
 from stackgate.backends.base import EnvHandle
 from stackgate.backends.choose import REAL, Machinery
@@ -26,7 +28,6 @@ from stackgate.suite import RunContext
 def calibrate(opts: Options, env: Mapping[str, str], *, runs: int, target: float, allow: float,
               say: Printer | None = None, machinery: Machinery = REAL) -> int:
     """`stackgate calibrate`: A/A runs of the production stack on this runner (see `calibrate`)."""
-    from stackgate import calibrate as cal
     console = Console(say)
     say = console.say
     loaded = inputs.load(opts, env, machinery.local())
@@ -76,8 +77,11 @@ def calibrate(opts: Options, env: Mapping[str, str], *, runs: int, target: float
             if dropped:
                 say(f"  {dropped} A/A pair(s) taken while the runner was busy beyond max_pressure = "
                     f"{loaded.policy.max_pressure:.0%} were not used")
+            run_s = _run_seconds(found)
             for _, rec, hint in rows:
                 say(f"  {rec.describe(target)}")
+                if run_s:
+                    say(f"    {_cost(rec, run_s)}")
                 if hint:
                     say(f"    {hint}")
             history.record_calibration(opts.history, pool=cell.pool.name, run_id=run_id, recorded=now(),
@@ -85,13 +89,40 @@ def calibrate(opts: Options, env: Mapping[str, str], *, runs: int, target: float
             report["pools"][cell.pool.name] = [{**n.to_json(), "recommended_tolerance": r.tolerance,
                                                 "recommended_repeats": r.repeats,
                                                 **({"recommended_confirm_repeats": r.confirm} if r.confirms else {}),
-                                                "pairs_disturbed": dropped}
+                                                "pairs_disturbed": dropped,
+                                                **({"run_s": run_s, "settled_s": round(2 * r.repeats * run_s, 1),
+                                                    "confirmed_s": round(2 * r.confirm * run_s, 1)}
+                                                   if run_s else {})}
                                                for n, r, _ in rows]
     finally:
         backend.close()
     atomic_write(run_dir / "calibration.json", json.dumps(report, indent=1))
     say(f"calibration: {run_dir}/calibration.json; stored in {opts.history}")
     return 0
+
+
+def _run_seconds(found: list[CellResult]) -> float:
+    """The median wall time of one run of the gated tests on this runner: the A/A runs after the first
+    (which runs the whole suite; the rest, as the gate's repeats do, only the gated tests); 0 if unknown."""
+    timed = [r.duration_s for r in found[1:] or found if r.duration_s > 0]
+    return round(statistics.median(timed), 2) if timed else 0.0
+
+
+def _cost(rec: cal.Recommendation, run_s: float) -> str:
+    """What the recommendation costs in wall time per candidate beside production, so that a team can
+    weigh a quieter runner or a wider target against it."""
+    settled, confirmed = 2 * rec.repeats * run_s, 2 * rec.confirm * run_s
+    text = (f"cost on this runner, at {run_s:.1f} s a run of the gated tests: a comparison the repeats settle "
+            f"takes 2 x {rec.repeats} runs (production and a candidate), about {_minutes(settled)}")
+    if rec.confirms and rec.confirm > rec.repeats:
+        text += (f"; one confirmed (left unsettled, or before a NO-GO) 2 x {rec.confirm} runs, about "
+                 f"{_minutes(confirmed)}")
+    return text + ("; the runs needed grow with the noise squared: a runner half as noisy needs about a quarter as "
+                   "many")
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
 
 
 def _aa_runs(runner: Runner, cell: Cell, handle: EnvHandle, runs: int, policy: Policy) -> tuple[list[CellResult], int]:
