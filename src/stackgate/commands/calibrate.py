@@ -90,8 +90,8 @@ def calibrate(opts: Options, env: Mapping[str, str], *, runs: int, target: float
                                                 "recommended_repeats": r.repeats,
                                                 **({"recommended_confirm_repeats": r.confirm} if r.confirms else {}),
                                                 "pairs_disturbed": dropped,
-                                                **({"run_s": run_s, "settled_s": round(2 * r.repeats * run_s, 1),
-                                                    "confirmed_s": round(2 * r.confirm * run_s, 1)}
+                                                **({"run_s": run_s, **dict(zip(("settled_s", "confirmed_s"),
+                                                                               _seconds(r, run_s), strict=True))}
                                                    if run_s else {})}
                                                for n, r, _ in rows]
     finally:
@@ -111,7 +111,7 @@ def _run_seconds(found: list[CellResult]) -> float:
 def _cost(rec: cal.Recommendation, run_s: float) -> str:
     """What the recommendation costs in wall time per candidate beside production, so that a team can
     weigh a quieter runner or a wider target against it."""
-    settled, confirmed = 2 * rec.repeats * run_s, 2 * rec.confirm * run_s
+    settled, confirmed = _seconds(rec, run_s)
     text = (f"cost on this runner, at {run_s:.1f} s a run of the gated tests: a comparison the repeats settle "
             f"takes 2 x {rec.repeats} runs (production and a candidate), about {_minutes(settled)}")
     if rec.confirms and rec.confirm > rec.repeats:
@@ -119,6 +119,11 @@ def _cost(rec: cal.Recommendation, run_s: float) -> str:
                  f"{_minutes(confirmed)}")
     return text + ("; the runs needed grow with the noise squared: a runner half as noisy needs about a quarter as "
                    "many")
+
+
+def _seconds(rec: cal.Recommendation, run_s: float) -> tuple[float, float]:
+    """The wall time of a comparison the repeats settle, and of one confirmed: both stacks' runs."""
+    return round(2 * rec.repeats * run_s, 1), round(2 * rec.confirm * run_s, 1)
 
 
 def _minutes(seconds: float) -> str:
