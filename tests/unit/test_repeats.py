@@ -379,6 +379,18 @@ def test_a_settled_first_run_runs_nothing_more(no_subprocesses: MemoryBackend, r
     assert _phases(no_subprocesses) == [("p", "main"), ("c", "main"), ("p", "rollback")]
 
 
+def _calibrated(backend: MemoryBackend, script: Script, runs: int, policy: Path,
+                tmp_path: Path) -> tuple[dict[str, Any], list[str]]:
+    """`stackgate calibrate --runs RUNS` on the memory backend answering with `script`: calibration.json's
+    pools, and what it said."""
+    backend.script = script
+    said: list[str] = []
+    opts = memory_options(tmp_path, run_id="cal", policy=str(policy))
+    assert calibrate_command(opts, {}, runs=runs, target=0.05, allow=0.01, say=said.append,
+                             machinery=on_memory(backend)) == 0
+    return json.loads((tmp_path / "r" / "cal" / "calibration.json").read_text())["pools"], said
+
+
 def test_calibration_lists_the_gated_metrics_only(no_subprocesses: MemoryBackend, gated_policy: Path,
                                                    tmp_path: Path) -> None:
     def script(command: NodeCommand, exe: Execution) -> NodeExit:
@@ -387,18 +399,12 @@ def test_calibration_lists_the_gated_metrics_only(no_subprocesses: MemoryBackend
             {"name": "work.step_time", "unit": "ms", "samples": [10.0 + run % 2], "better": "lower", "nodeid": GATED},
             {"name": "work.loss", "unit": "", "samples": [0.5, 0.4], "better": "equal", "nodeid": GATED}])
 
-    no_subprocesses.script = script
-    said: list[str] = []
-    opts = memory_options(tmp_path, run_id="cal", policy=str(gated_policy))
-    assert calibrate_command(opts, {}, runs=4, target=0.05, allow=0.01, say=said.append,
-                             machinery=on_memory(no_subprocesses)) == 0
-    data = json.loads((tmp_path / "r" / "cal" / "calibration.json").read_text())
-    assert [m["metric"] for m in data["pools"]["local"]] == ["work.step_time"]
+    pools, said = _calibrated(no_subprocesses, script, 4, gated_policy, tmp_path)
+    assert [m["metric"] for m in pools["local"]] == ["work.step_time"]
     # every second run 10% slower: an order effect, which the gate's counterbalanced pairs see as +-10% spread
-    assert data["pools"]["local"][0]["pairs"] == 2
-    assert data["pools"]["local"][0]["sigma"] == pytest.approx(math.log(1.1), rel=1e-5)
+    assert pools["local"][0]["pairs"] == 2
+    assert pools["local"][0]["sigma"] == pytest.approx(math.log(1.1), rel=1e-5)
     assert not any("work.loss" in line for line in said)
-
 
 
 def test_calibration_says_what_its_recommendation_costs_in_wall_time_on_this_runner(
@@ -412,12 +418,8 @@ def test_calibration_says_what_its_recommendation_costs_in_wall_time_on_this_run
             {"name": "work.step_time", "unit": "ms", "samples": [10.0 + 0.1 * (run % 3)], "better": "lower",
              "nodeid": GATED}])
 
-    no_subprocesses.script = script
-    said: list[str] = []
-    opts = memory_options(tmp_path, run_id="cal", policy=str(gated_policy))
-    assert calibrate_command(opts, {}, runs=6, target=0.05, allow=0.01, say=said.append,
-                             machinery=on_memory(no_subprocesses)) == 0
-    (found,) = json.loads((tmp_path / "r" / "cal" / "calibration.json").read_text())["pools"]["local"]
+    pools, said = _calibrated(no_subprocesses, script, 6, gated_policy, tmp_path)
+    (found,) = pools["local"]
     assert found["run_s"] >= 0.02
     assert found["settled_s"] == round(2 * found["recommended_repeats"] * found["run_s"], 1)
     assert found["confirmed_s"] == round(2 * found["recommended_confirm_repeats"] * found["run_s"], 1)
@@ -448,12 +450,8 @@ def test_calibration_says_when_each_runs_best_sample_is_the_quieter_summary(
             {"name": "work.step_time", "unit": "ms", "samples": [s + 0.01 * run for s in steps], "better": "lower",
              "nodeid": GATED}])
 
-    no_subprocesses.script = script
-    said: list[str] = []
-    opts = memory_options(tmp_path, run_id="cal", policy=str(gated_policy))
-    assert calibrate_command(opts, {}, runs=8, target=0.05, allow=0.01, say=said.append,
-                             machinery=on_memory(no_subprocesses)) == 0
-    (found,) = json.loads((tmp_path / "r" / "cal" / "calibration.json").read_text())["pools"]["local"]
+    pools, said = _calibrated(no_subprocesses, script, 8, gated_policy, tmp_path)
+    (found,) = pools["local"]
     assert found["sigma"] > 0.1  # the rule's summary, the median: +-18% per pair
     hint = next(line for line in said if "each run's best sample moved" in line)
     assert 'summary = "best"' in hint and "repeats = 2 would do" in hint
