@@ -8,6 +8,7 @@ import math
 import random
 import shutil
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -437,6 +438,15 @@ def test_the_cost_of_a_recommendation_is_its_runs_at_the_gated_tests_run_time() 
     assert "one confirmed (left unsettled, or before a NO-GO) 2 x 24 runs, about 6.0 min" in text
     quiet = calibrate.recommend(calibrate.Noise("x", 0.006, 10), target=0.05, allow=0.01)
     assert "2 x 4 runs (production and a candidate), about 60 s" in commands_calibrate._cost(quiet, 7.5)
+    assert "upper bound" not in text  # 10 pairs measured it: no more to say
+    # `calibrate --runs 6` here: 2.2% from 2 pairs kept (1 apart) asked for 74 repeats, 18.6 minutes a comparison
+    few = calibrate.Noise("x", 0.022307, 3, apart=1)
+    rec, more = (calibrate.recommend(noise, target=0.05, allow=0.01) for noise in (few, replace(few, pairs=11)))
+    assert rec.repeats == 74 and more.repeats < 74
+    text = commands_calibrate._cost(rec, 7.55, more)
+    assert "2 x 74 runs (production and a candidate), about 18.6 min" in text
+    assert (f"which 2 A/A pair(s) leave wide: were the same noise measured from 10 pairs (`--runs 20` or more), "
+            f"repeats = {more.repeats}, about {2 * more.repeats * 7.55 / 60:.1f} min") in text
 
 
 def test_calibration_says_when_each_runs_best_sample_is_the_quieter_summary(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import statistics
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from stackgate import calibrate as cal
@@ -78,10 +79,14 @@ def calibrate(opts: Options, env: Mapping[str, str], *, runs: int, target: float
                 say(f"  {dropped} A/A pair(s) taken while the runner was busy beyond max_pressure = "
                     f"{loaded.policy.max_pressure:.0%} were not used")
             run_s = _run_seconds(found)
-            for _, rec, hint in rows:
+            for measured, rec, hint in rows:
                 say(f"  {rec.describe(target)}")
                 if run_s:
-                    say(f"    {_cost(rec, run_s)}")
+                    more = None  # what the same noise would ask for, measured from enough pairs
+                    if measured.pairs - measured.apart < FEW_PAIRS:
+                        more = cal.recommend(replace(measured, pairs=FEW_PAIRS + measured.apart), target, allow,
+                                             loaded.policy.confidence, confirms=rec.confirms)
+                    say(f"    {_cost(rec, run_s, more)}")
                 if hint:
                     say(f"    {hint}")
             history.record_calibration(opts.history, pool=cell.pool.name, run_id=run_id, recorded=now(),
@@ -101,6 +106,9 @@ def calibrate(opts: Options, env: Mapping[str, str], *, runs: int, target: float
     return 0
 
 
+FEW_PAIRS = 10  # A/A pairs kept below which the noise's 80% bound is wide (1.27x the noise at 10; 2.1x at 2)
+
+
 def _run_seconds(found: list[CellResult]) -> float:
     """The median wall time of one run of the gated tests on this runner: the A/A runs after the first
     (which runs the whole suite; the rest, as the gate's repeats do, only the gated tests); 0 if unknown."""
@@ -108,17 +116,22 @@ def _run_seconds(found: list[CellResult]) -> float:
     return round(statistics.median(timed), 2) if timed else 0.0
 
 
-def _cost(rec: cal.Recommendation, run_s: float) -> str:
+def _cost(rec: cal.Recommendation, run_s: float, more: cal.Recommendation | None = None) -> str:
     """What the recommendation costs in wall time per candidate beside production, so that a team can
-    weigh a quieter runner or a wider target against it."""
+    weigh a quieter runner or a wider target against it; and, when few A/A pairs measured the noise,
+    what the same noise measured from more would cost (`more`)."""
     settled, confirmed = _seconds(rec, run_s)
     text = (f"cost on this runner, at {run_s:.1f} s a run of the gated tests: a comparison the repeats settle "
             f"takes 2 x {rec.repeats} runs (production and a candidate), about {_minutes(settled)}")
     if rec.confirms and rec.confirm > rec.repeats:
         text += (f"; one confirmed (left unsettled, or before a NO-GO) 2 x {rec.confirm} runs, about "
                  f"{_minutes(confirmed)}")
-    return text + ("; the runs needed grow with the noise squared: a runner half as noisy needs about a quarter as "
-                   "many")
+    text += "; the runs needed grow with the noise squared: a runner half as noisy needs about a quarter as many"
+    if more is not None and more.repeats < rec.repeats:
+        text += (f"; and they are planned at the noise's upper bound, which {rec.pairs - rec.apart} A/A pair(s) leave "
+                 f"wide: were the same noise measured from {FEW_PAIRS} pairs (`--runs {2 * FEW_PAIRS}` or more), "
+                 f"repeats = {more.repeats}, about {_minutes(_seconds(more, run_s)[0])}")
+    return text
 
 
 def _seconds(rec: cal.Recommendation, run_s: float) -> tuple[float, float]:
