@@ -7,6 +7,7 @@ import json
 import statistics
 from collections.abc import Mapping
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 from stackgate import calibrate as cal
@@ -55,6 +56,8 @@ def calibrate(opts: Options, env: Mapping[str, str], *, runs: int, target: float
                 raise InfraError(f"the environment of {cell.stack.label} could not be prepared: {why}",
                                  hint=f"the installer's log: {runner.log_dir / (cell.stack.label + '.log')}")
             found, dropped = _aa_runs(runner, cell, handle, runs, loaded.policy)
+            advise = partial(cal.recommend, target=target, allow=allow, confidence=loaded.policy.confidence,
+                             confirms=loaded.policy.confirm_repeats > 1)  # for this runner's noise, as measured
             rows = []  # (noise, recommendation, what the other per-run summary would need, or "")
             for key in sorted(gated_keys(cell, found, loaded.policy)):
                 metric = next(m for f in found for m in f.metrics if m.key == key)
@@ -68,12 +71,10 @@ def calibrate(opts: Options, env: Mapping[str, str], *, runs: int, target: float
                 alt = cal.noise(key, series, other, metric.better)
                 hint = ""
                 if alt is not None and alt.sigma < measured.sigma / 2:
-                    needs = cal.recommend(alt, target, allow, loaded.policy.confidence,
-                                          confirms=loaded.policy.confirm_repeats > 1).repeats
+                    needs = advise(alt).repeats
                     hint = (f"each run's {other} sample moved {alt.sigma:.1%}: with summary = \"{other}\" "
                             f"in its [[performance.metric]] rule, repeats = {needs} would do")
-                rows.append((measured, cal.recommend(measured, target, allow, loaded.policy.confidence,
-                                                     confirms=loaded.policy.confirm_repeats > 1), hint))
+                rows.append((measured, advise(measured), hint))
             say(f"\ncalibration of pool {cell.pool.name} ({cell.stack.label}, {runs} A/A runs):")
             if dropped:
                 say(f"  {dropped} A/A pair(s) taken while the runner was busy beyond max_pressure = "
@@ -82,10 +83,8 @@ def calibrate(opts: Options, env: Mapping[str, str], *, runs: int, target: float
             for measured, rec, hint in rows:
                 say(f"  {rec.describe(target)}")
                 if run_s:
-                    more = None  # what the same noise would ask for, measured from enough pairs
-                    if measured.pairs - measured.apart < FEW_PAIRS:
-                        more = cal.recommend(replace(measured, pairs=FEW_PAIRS + measured.apart), target, allow,
-                                             loaded.policy.confidence, confirms=rec.confirms)
+                    few = measured.pairs - measured.apart < FEW_PAIRS  # then: the same noise from enough pairs
+                    more = advise(replace(measured, pairs=FEW_PAIRS + measured.apart)) if few else None
                     say(f"    {_cost(rec, run_s, more)}")
                 if hint:
                     say(f"    {hint}")
@@ -95,9 +94,7 @@ def calibrate(opts: Options, env: Mapping[str, str], *, runs: int, target: float
                                                 "recommended_repeats": r.repeats,
                                                 **({"recommended_confirm_repeats": r.confirm} if r.confirms else {}),
                                                 "pairs_disturbed": dropped,
-                                                **({"run_s": run_s, **dict(zip(("settled_s", "confirmed_s"),
-                                                                               _seconds(r, run_s), strict=True))}
-                                                   if run_s else {})}
+                                                **({"run_s": run_s, **_seconds(r, run_s)} if run_s else {})}
                                                for n, r, _ in rows]
     finally:
         backend.close()
@@ -120,23 +117,23 @@ def _cost(rec: cal.Recommendation, run_s: float, more: cal.Recommendation | None
     """What the recommendation costs in wall time per candidate beside production, so that a team can
     weigh a quieter runner or a wider target against it; and, when few A/A pairs measured the noise,
     what the same noise measured from more would cost (`more`)."""
-    settled, confirmed = _seconds(rec, run_s)
+    cost = _seconds(rec, run_s)
     text = (f"cost on this runner, at {run_s:.1f} s a run of the gated tests: a comparison the repeats settle "
-            f"takes 2 x {rec.repeats} runs (production and a candidate), about {_minutes(settled)}")
+            f"takes 2 x {rec.repeats} runs (production and a candidate), about {_minutes(cost['settled_s'])}")
     if rec.confirms and rec.confirm > rec.repeats:
         text += (f"; one confirmed (left unsettled, or before a NO-GO) 2 x {rec.confirm} runs, about "
-                 f"{_minutes(confirmed)}")
+                 f"{_minutes(cost['confirmed_s'])}")
     text += "; the runs needed grow with the noise squared: a runner half as noisy needs about a quarter as many"
     if more is not None and more.repeats < rec.repeats:
         text += (f"; and they are planned at the noise's upper bound, which {rec.pairs - rec.apart} A/A pair(s) leave "
                  f"wide: were the same noise measured from {FEW_PAIRS} pairs (`--runs {2 * FEW_PAIRS}` or more), "
-                 f"repeats = {more.repeats}, about {_minutes(_seconds(more, run_s)[0])}")
+                 f"repeats = {more.repeats}, about {_minutes(_seconds(more, run_s)['settled_s'])}")
     return text
 
 
-def _seconds(rec: cal.Recommendation, run_s: float) -> tuple[float, float]:
+def _seconds(rec: cal.Recommendation, run_s: float) -> dict[str, float]:
     """The wall time of a comparison the repeats settle, and of one confirmed: both stacks' runs."""
-    return round(2 * rec.repeats * run_s, 1), round(2 * rec.confirm * run_s, 1)
+    return {"settled_s": round(2 * rec.repeats * run_s, 1), "confirmed_s": round(2 * rec.confirm * run_s, 1)}
 
 
 def _minutes(seconds: float) -> str:
