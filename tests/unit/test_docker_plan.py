@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,9 +43,11 @@ class FakeEngine:
     def image_labels(self, tag: str) -> dict[str, str] | None:
         return self.images.get(tag)
 
-    def build(self, context: Path, tag: str, on_line: object) -> None:
+    def build(self, context: Path, tag: str, on_line: object, args: dict[str, str]) -> None:
         dockerfile = (context / "Dockerfile").read_text()
-        assert "--no-index" in dockerfile and not (context / "suite").exists()  # the suite is never in an image
+        assert "--no-index" in dockerfile and [p.name for p in context.iterdir()] == ["Dockerfile"]  # no suite, no wheel
+        listing = urllib.request.urlopen(args[images.WHEELS_ARG], timeout=10).read().decode()  # the wheels are served
+        assert ".whl" in listing and "wheels.json" not in listing
         self.builds.append(tag)
         self.images[tag] = {"_id": f"sha256:{len(self.builds)}", "org.stackgate.torch": "2.14.1"}
 
@@ -171,8 +174,10 @@ def test_render_key_labels_and_download_args() -> None:
     assert labels["org.stackgate.nccl"] == "none"
     text = images.render(images.TEMPLATE.read_text(), base="stackgate/base:bookworm",
                          requirements=["torch==2.14.1", "numpy"], label_map=labels)
-    assert "FROM stackgate/base:bookworm AS build" in text and "'torch==2.14.1' 'numpy'" in text
     instructions = "\n".join(line for line in text.splitlines() if not line.startswith("#"))
+    assert instructions.count("FROM ") == 1 and "COPY" not in instructions  # one stage; no wheel in any layer
+    assert "ARG STACKGATE_WHEELS" in instructions
+    assert "--find-links \"${STACKGATE_WHEELS}\" 'torch==2.14.1' 'numpy'" in instructions
     assert 'org.stackgate.cudnn="9.24.0.43"' in text and "{{" not in instructions
     assert "cert" not in instructions.lower()  # no CA bundle, ever, in the image recipe
     assert "COPY suite" not in instructions and "/opt/stackgate/suite" not in instructions  # the suite: mounted
@@ -184,6 +189,25 @@ def test_render_key_labels_and_download_args() -> None:
                                  "--prerelease", "allow"], "3.11", "/etc/ca.pem")
     assert "--index-strategy" not in args and "--pre" in args and args[args.index("--cert") + 1] == "/etc/ca.pem"
     assert "--only-binary=:all:" in args and args[args.index("--python-version") + 1] == "3.11"
+
+
+def test_a_build_reads_exactly_the_wheelhouses_wheels_over_loopback_and_then_nothing(tmp_path: Path) -> None:
+    import urllib.error
+    (tmp_path / "torch-2.14.1+cu130-cp311-cp311-manylinux_2_28_x86_64.whl").write_bytes(b"wheel bytes " * 1000)
+    (tmp_path / "wheels.json").write_text("[]")
+    (tmp_path / "other-1.0-py3-none-any.whl").write_bytes(b"not in this house")
+    house = images.Wheelhouse(tmp_path, (images.Wheel("torch-2.14.1+cu130-cp311-cp311-manylinux_2_28_x86_64.whl", "aa"),))
+    with images.serve_wheels(house) as url:
+        assert url.startswith("http://127.0.0.1:")
+        listing = urllib.request.urlopen(url, timeout=10).read().decode()
+        assert listing.count("<a href=") == 1 and 'href="torch-2.14.1%2Bcu130-cp311' in listing
+        got = urllib.request.urlopen(url + "torch-2.14.1%2Bcu130-cp311-cp311-manylinux_2_28_x86_64.whl", timeout=10)
+        assert got.read() == b"wheel bytes " * 1000
+        for other in ("wheels.json", "other-1.0-py3-none-any.whl", "..%2F" + tmp_path.name + "%2Fwheels.json"):
+            with pytest.raises(urllib.error.HTTPError, match="404"):
+                urllib.request.urlopen(url + other, timeout=10)
+    with pytest.raises(urllib.error.URLError):  # the server ends with the build
+        urllib.request.urlopen(url, timeout=10)
 
 
 def test_download_platforms_cover_every_manylinux_tag_the_base_loads() -> None:

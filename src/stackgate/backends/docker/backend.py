@@ -190,7 +190,7 @@ class DockerBackend:
         if not reused:
             dockerfile = images.render(template, base=base, requirements=reqs,
                                        label_map=images.labels(stack, house, base, base_id, key))
-            self._build(images.build_context(dockerfile, house), tag, log_path)
+            self._build(dockerfile, house, tag, log_path)
         return self._image(tag, key, reused, wheels=tuple(w.filename for w in house.wheels))
 
     def _pulled(self, stack: Stack, log_path: Path) -> StackImage:
@@ -238,15 +238,16 @@ class DockerBackend:
             return False
         return True
 
-    def _build(self, ctx: Path, tag: str, log_path: Path) -> None:
+    def _build(self, dockerfile: str, house: images.Wheelhouse, tag: str, log_path: Path) -> None:
         self.say(f"  building image {tag} (log: {log_path})")
+        ctx = images.build_context(dockerfile)
         try:
-            with log_path.open("a") as log:
+            with log_path.open("a") as log, images.serve_wheels(house) as url:
                 def on_line(line: str) -> None:
                     log.write(line + "\n")
                     if line.startswith("Step "):  # each build step as it happens
                         self.say(f"    {line[:160]}")
-                self.engine.build(ctx, tag, on_line)
+                self.engine.build(ctx, tag, on_line, {images.WHEELS_ARG: url})
         except BuildError as exc:
             raise PrepareFailed(str(exc), exc.log_tail) from None
         finally:
@@ -269,7 +270,7 @@ class DockerBackend:
             dockerfile = images.render_layer(template, parent=image.ref, requirements=extra, label_map={
                 "org.stackgate.key": key, "org.stackgate.parent": image.id,
                 "org.stackgate.parent-ref": image.digest or image.ref})
-            self._build(images.build_context(dockerfile, house, "suite-wheels"), tag, log_path)
+            self._build(dockerfile, house, tag, log_path)
         return tag
 
     def _image_problem(self, tag: str, stack: Stack) -> str:

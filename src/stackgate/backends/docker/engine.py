@@ -12,7 +12,7 @@ import io
 import tarfile
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -67,7 +67,7 @@ class Engine(Protocol):
     def pull(self, ref: str, on_line: Printer | None) -> None: ...
     def resolve_tag(self, name: str, tag: str) -> str | None: ...
     def move_tag(self, ref: str, name: str, tag: str) -> str: ...
-    def build(self, context: Path, tag: str, on_line: Printer | None) -> None: ...
+    def build(self, context: Path, tag: str, on_line: Printer | None, args: Mapping[str, str]) -> None: ...
     def import_rootfs(self, rootfs: Path, tag: str) -> None: ...
     def read_file(self, tag: str, path: str) -> str: ...
     def remove_images(self, tags: Sequence[str]) -> None: ...
@@ -173,12 +173,15 @@ class DockerEngine:
         self.client.images.get(ref).tag(name, tag)
         return self.push(f"{name}:{tag}", name, None)
 
-    def build(self, context: Path, tag: str, on_line: Printer | None) -> None:
+    def build(self, context: Path, tag: str, on_line: Printer | None, args: Mapping[str, str]) -> None:
+        """`docker build` of `context` with the build arguments `args`. Its steps share the host's network
+        namespace: they reach the wheel server `images.serve_wheels` runs on this host's loopback (and,
+        with `pip install --no-index`, nothing else)."""
         import docker
         tail: list[str] = []
         try:
             stream = self.client.api.build(path=str(context), tag=tag, rm=True, forcerm=True, decode=True,
-                                           pull=False)
+                                           pull=False, buildargs=dict(args), network_mode="host")
             for chunk in stream:
                 text = chunk.get("stream") or chunk.get("status") or ""
                 if "error" in chunk:

@@ -8,7 +8,6 @@ from pathlib import PurePosixPath
 VENV = PurePosixPath("/opt/venv")  # the stack's environment
 SBOM_DIR = PurePosixPath("/opt/stackgate/sbom")
 PIP_FREEZE = SBOM_DIR / "pip-freeze.txt"  # `pip freeze --all` of the stack, written at build
-SUITE_WHEELS = PurePosixPath("/opt/stackgate/suite-wheels")  # the suite's own wheels, during their build step only
 
 # a cell's host directories, mounted into each node container
 OUT = PurePosixPath("/sg/out")  # the cell's directory: node logs, each attempt's JUnit and records
