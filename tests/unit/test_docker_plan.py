@@ -36,6 +36,7 @@ class FakeEngine:
     pulled: list[str] = field(default_factory=list)
     registry: dict[str, dict[str, str]] = field(default_factory=dict)  # what a pull can fetch, by digest ref
     given_probe: str = ""  # what a given image's interpreter answers
+    checked: list[str] = field(default_factory=list)  # images whose torch import was checked
 
     def problem(self) -> str | None:
         return None
@@ -86,6 +87,7 @@ class FakeEngine:
         if specs and given.PROBE in specs[0].command:  # the probe of a given image
             return [ContainerExit(specs[0].name, 0, False, False, self.given_probe)]
         if specs and not specs[0].mounts:  # the check of a cached image: `python -c 'import torch'`
+            self.checked.append(specs[0].image)
             return [ContainerExit(specs[0].name, 0 if self.probe.startswith("stackgate-probe") else 1, False, False,
                                   self.probe)]
         self.groups.append((list(specs), network))
@@ -309,14 +311,22 @@ def test_a_full_disk_while_downloading_is_an_infra_error(backend: tuple[DockerBa
 def test_a_cached_image_that_fails_its_check_is_rebuilt(backend: tuple[DockerBackend, FakeEngine],
                                                        tmp_path: Path) -> None:
     """#18 item 3 on the Docker backend: a cached image is checked (its python imports torch at the
-    stack's version) before it is reused."""
+    stack's version) before it is reused, once per image id (an image is immutable by its id)."""
     docker, engine = backend
     first = docker.prepare(STACK, tmp_path / "build.log")
-    assert docker.prepare(STACK, tmp_path / "build.log").reused
-    engine.probe = "ImportError: libtorch_cpu.so: cannot open shared object file"
+    assert docker.prepare(STACK, tmp_path / "build.log").reused and engine.checked == [first.ref]
+    assert docker.prepare(STACK, tmp_path / "build.log").reused and engine.checked == [first.ref]  # checked once
+
+    def replaced(probe: str) -> None:  # the tag now names another image (`docker build -t` of a broken one)
+        engine.images[first.ref] = {**engine.images[first.ref], "_id": f"sha256:broken-{len(engine.checked)}"}
+        engine.probe = probe
+
+    replaced("ImportError: libtorch_cpu.so: cannot open shared object file")
     again = docker.prepare(STACK, tmp_path / "build.log")
     assert not again.reused and engine.removed == [first.ref] and len(engine.builds) == 2
-    engine.probe = "stackgate-probe 2.12.0+cu130"
+    engine.probe = "stackgate-probe 2.14.1+cu130"
+    assert docker.prepare(STACK, tmp_path / "build.log").reused  # the rebuilt image: a new id, checked
+    replaced("stackgate-probe 2.12.0+cu130")
     assert not docker.prepare(STACK, tmp_path / "build.log").reused  # another torch in the image: rebuilt too
 
 

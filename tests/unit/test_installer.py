@@ -36,3 +36,32 @@ def test_what_a_killed_build_left_is_removed_and_a_live_ones_is_kept(tmp_path: P
         staging.mkdir()
     assert not (tmp_path / f"env.partial-{dead}").exists() and alive.exists()
     assert said == [f"  removed env.partial-{dead}, left by a build that was killed"]
+
+
+def test_a_cached_venvs_import_check_runs_again_only_when_its_interpreter_changed(tmp_path: Path) -> None:
+    """The reuse check imports torch (4-10 s on a slow runner) once per interpreter: an interpreter that
+    answers the probe and counts its calls stands in for a venv's python here."""
+    from stackgate.backends import venv
+    from stackgate.model import Stack
+    from stackgate.versions import CudaVariant, parse_torch
+    stack = Stack(parse_torch("2.13.0"), CudaVariant("cpu"), "3.11")
+    root = tmp_path / "env"
+    (root / "bin").mkdir(parents=True)
+    (root / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    calls = tmp_path / "calls"
+    python = root / "bin" / "python"
+    python.write_text(f"#!/bin/sh\necho x >> {calls}\necho 'stackgate-probe 2.13.0+cpu'\n")
+    python.chmod(0o755)
+
+    def imports() -> int:
+        return len(calls.read_text().splitlines()) if calls.exists() else 0
+
+    assert venv.check_env(root, stack) == "" and imports() == 1
+    assert venv.check_env(root, stack) == "" and imports() == 1  # the same interpreter: not imported again
+    python.write_text(f"#!/bin/sh\necho x >> {calls}\necho 'stackgate-probe 2.12.0+cpu'\n")  # replaced
+    assert "imports torch 2.12.0+cpu, not 2.13.0" in venv.check_env(root, stack) and imports() == 2
+    assert "imports torch 2.12.0+cpu" in venv.check_env(root, stack) and imports() == 3  # a failure is not recorded
+    python.write_text(f"#!/bin/sh\necho x >> {calls}\necho 'stackgate-probe 2.13.0+cpu'\n")
+    assert venv.check_env(root, stack) == "" and imports() == 4
+    (root / "pyvenv.cfg").write_text("home = /opt/other/bin\n")  # pointed at another base interpreter
+    assert venv.check_env(root, stack) == "" and imports() == 5

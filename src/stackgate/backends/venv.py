@@ -4,6 +4,7 @@ Multi-node cells run one pytest process per node on this host, meeting over c10d
 from __future__ import annotations
 
 import base64
+import contextlib
 import csv
 import dataclasses
 import hashlib
@@ -41,6 +42,7 @@ from stackgate.suite import Layout, NodeCommand, NodeExit
 from stackgate.suite_deps import SuiteDeps
 
 MARKER = "stackgate-env.json"
+CHECKED = "stackgate-checked.json"  # the interpreter that last imported the stack's torch: `interpreter_problem`
 # a process killed with signal 9 whose output says memory ran out (the kernel's OOM killer leaves no
 # other trace a process group can see)
 _KILLED_FOR_MEMORY = re.compile(r"(^Killed$|OutOfMemoryError|CUDA out of memory|std::bad_alloc|MemoryError)")
@@ -240,22 +242,53 @@ CHECK_TIMEOUT_S = 300.0
 
 def check_env(root: Path, stack: Stack) -> str:
     """Why a cached environment cannot be reused ("" when it can). Cheap enough to run on every reuse
-    (measured on the 5 GB torch 2.14.1 venv here: about 0.5 s for the files, 2-3 s for the import):
-    every file of site-packages that a RECORD lists exists with its recorded size, every `.py` file also has
-    its recorded sha256 (the compiled libraries are checked by size only: hashing them would read
-    gigabytes), and the interpreter runs and imports torch at the stack's version."""
+    (measured on the 5 GB torch 2.14.1 venv here: about 1 s for the files): every file of site-packages
+    that a RECORD lists exists with its recorded size, every `.py` file also has its recorded sha256 (the
+    compiled libraries are checked by size only: hashing them would read gigabytes), and the interpreter
+    runs and imports torch at the stack's version (4-10 s on a slow runner, so only when the interpreter
+    is not the one that last did: `interpreter_problem`)."""
     return record_problems(root) or interpreter_problem(root, stack)
 
 
 def interpreter_problem(root: Path, stack: Stack) -> str:
-    """Why the environment's interpreter does not import the stack's torch ("" when it does)."""
+    """Why the environment's interpreter does not import the stack's torch ("" when it does). The
+    import runs when the interpreter it depends on outside site-packages (the venv's `bin/python`, what
+    it resolves to, pyvenv.cfg) is not, by path, inode, size and mtime, the one recorded in CHECKED by the
+    last import that succeeded: with site-packages matching its RECORD files (checked first, every
+    time), the same files give the same import. A change of the host's system libraries is not seen."""
     python = root / "bin" / "python"
+    facts = _interpreter_facts(root, stack)
+    stamp = root / CHECKED
+    try:
+        if facts is not None and json.loads(stamp.read_text()) == facts:
+            return ""
+    except (OSError, ValueError):
+        pass
     try:
         result = proc.run([str(python), "-c", TORCH_PROBE], timeout_s=CHECK_TIMEOUT_S,
                           env={"PATH": "/usr/bin:/bin", "PYTHONDONTWRITEBYTECODE": "1"})
     except (InfraError, OSError) as exc:
         return f"its interpreter {python} cannot start: {exc}"
-    return torch_probe_problem(stack, None if result.timed_out else result.returncode, result.tail)
+    problem = torch_probe_problem(stack, None if result.timed_out else result.returncode, result.tail)
+    if not problem and facts is not None:
+        with contextlib.suppress(OSError):  # a read-only cache checks again next time
+            stamp.write_text(json.dumps(facts))
+    return problem
+
+
+def _interpreter_facts(root: Path, stack: Stack) -> list[object] | None:
+    """The stack's torch and, for the venv's `bin/python`, the interpreter it resolves to and pyvenv.cfg:
+    path, mode, inode, size and mtime. None when one cannot be read."""
+    python = root / "bin" / "python"
+    try:
+        paths = (python, python.resolve(strict=True), root / "pyvenv.cfg")
+        return [stack.torch_public, *([str(p), *_stat_row(p.lstat())] for p in paths)]
+    except (OSError, RuntimeError):
+        return None
+
+
+def _stat_row(st: os.stat_result) -> list[int]:
+    return [st.st_mode, st.st_ino, st.st_size, st.st_mtime_ns]
 
 
 @dataclass(frozen=True)

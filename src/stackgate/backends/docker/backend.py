@@ -3,6 +3,7 @@ runs one container per node on a private network, each `torchrun`-ing through th
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import os
@@ -275,7 +276,12 @@ class DockerBackend:
 
     def _image_problem(self, tag: str, stack: Stack) -> str:
         """Why a cached image cannot be reused ("" when it can): its interpreter runs and imports torch at
-        the stack's version (one short container, about 2 s; the layers themselves are content-addressed)."""
+        the stack's version (one short container, 4-12 s on a slow runner). An image is immutable by its
+        id, so the check runs once per id: one that passed is recorded under the cache directory."""
+        facts = self.engine.facts(tag)
+        stamp = self.cache_dir / "checked-images" / f"{facts.id.split(':')[-1]}-{stack.torch_public}" if facts else None
+        if stamp is not None and stamp.exists():
+            return ""
         probe = ContainerSpec(name=f"sg-check-{stack.content_hash[:8]}-{os.getpid()}", image=tag,
                               command=("python", "-c", TORCH_PROBE), env={}, mounts=(), hostname="check",
                               user=f"{os.getuid()}:{os.getgid()}")
@@ -283,7 +289,12 @@ class DockerBackend:
             [ran] = self.engine.run_group([probe], network=None, timeout_s=300, on_line=None)
         except InfraError as exc:
             return f"its check could not run: {exc}"
-        return torch_probe_problem(stack, ran.exit_code, ran.log)
+        problem = torch_probe_problem(stack, ran.exit_code, ran.log)
+        if not problem and stamp is not None:
+            with contextlib.suppress(OSError):  # a read-only cache checks again next time
+                stamp.parent.mkdir(parents=True, exist_ok=True)
+                stamp.write_text(f"{tag}\n")
+        return problem
 
     def layout(self, handle: EnvHandle, exe: Execution) -> Layout:
         """Nodes are containers: the cell's directories are mounted at /sg/..., the suite (and the
