@@ -50,7 +50,8 @@ def selftest(session: nox.Session) -> None:
 def tests(session: nox.Session) -> None:
     """The harness's tests: unit tier, then the real torch tier (builds a torch venv on first use)."""
     session.install("-e", ".")
-    session.run("pytest", *(session.posargs or ["tests", "--durations=15"]))  # the slowest tests, so growth shows
+    # each file's time as it ends, and the slowest tests at the end: so growth shows, even in a run cut short
+    session.run("pytest", *(session.posargs or ["tests", "-o", "console_output_style=times", "--durations=25"]))
 
 
 @nox.session(python=PYTHON)
