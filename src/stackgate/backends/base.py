@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import random
 import socket
 from collections.abc import Callable, Sequence
@@ -78,6 +79,22 @@ def torch_probe_problem(stack: Stack, exit_code: int | None, output: str) -> str
     if found[-1][1].split("+")[0] != stack.torch_public:
         return f"it imports torch {found[-1][1]}, not {stack.torch_public}"
     return ""
+
+
+def checked_once(stamp: Path | None, facts: str, check: Callable[[], str]) -> str:
+    """`check()` ("" when it passes), skipped when `stamp` holds `facts` from an earlier pass; a pass is
+    recorded there (None: no record, always checked; a cache that cannot be written checks again)."""
+    try:
+        if stamp is not None and stamp.read_text() == facts:
+            return ""
+    except OSError:
+        pass
+    problem = check()
+    if not problem and stamp is not None:
+        with contextlib.suppress(OSError):
+            stamp.parent.mkdir(parents=True, exist_ok=True)
+            stamp.write_text(facts)
+    return problem
 
 
 class PrepareFailed(Exception):

@@ -4,7 +4,6 @@ Multi-node cells run one pytest process per node on this host, meeting over c10d
 from __future__ import annotations
 
 import base64
-import contextlib
 import csv
 import dataclasses
 import hashlib
@@ -27,6 +26,7 @@ from stackgate.backends.base import (
     Execution,
     PrepareFailed,
     Sbom,
+    checked_once,
     free_port,
     torch_probe_problem,
 )
@@ -258,22 +258,16 @@ def interpreter_problem(root: Path, stack: Stack) -> str:
     time), the same files give the same import. A change of the host's system libraries is not seen."""
     python = root / "bin" / "python"
     facts = _interpreter_facts(root, stack)
-    stamp = root / CHECKED
-    try:
-        if facts is not None and json.loads(stamp.read_text()) == facts:
-            return ""
-    except (OSError, ValueError):
-        pass
-    try:
-        result = proc.run([str(python), "-c", TORCH_PROBE], timeout_s=CHECK_TIMEOUT_S,
-                          env={"PATH": "/usr/bin:/bin", "PYTHONDONTWRITEBYTECODE": "1"})
-    except (InfraError, OSError) as exc:
-        return f"its interpreter {python} cannot start: {exc}"
-    problem = torch_probe_problem(stack, None if result.timed_out else result.returncode, result.tail)
-    if not problem and facts is not None:
-        with contextlib.suppress(OSError):  # a read-only cache checks again next time
-            stamp.write_text(json.dumps(facts))
-    return problem
+
+    def imports() -> str:
+        try:
+            result = proc.run([str(python), "-c", TORCH_PROBE], timeout_s=CHECK_TIMEOUT_S,
+                              env={"PATH": "/usr/bin:/bin", "PYTHONDONTWRITEBYTECODE": "1"})
+        except (InfraError, OSError) as exc:
+            return f"its interpreter {python} cannot start: {exc}"
+        return torch_probe_problem(stack, None if result.timed_out else result.returncode, result.tail)
+
+    return checked_once(root / CHECKED if facts is not None else None, json.dumps(facts), imports)
 
 
 def _interpreter_facts(root: Path, stack: Stack) -> list[object] | None:

@@ -3,7 +3,6 @@ runs one container per node on a private network, each `torchrun`-ing through th
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import os
@@ -22,6 +21,7 @@ from stackgate.backends.base import (
     Execution,
     PrepareFailed,
     Sbom,
+    checked_once,
     torch_probe_problem,
 )
 from stackgate.backends.docker import images
@@ -279,22 +279,19 @@ class DockerBackend:
         the stack's version (one short container, 4-12 s on a slow runner). An image is immutable by its
         id, so the check runs once per id: one that passed is recorded under the cache directory."""
         facts = self.engine.facts(tag)
-        stamp = self.cache_dir / "checked-images" / f"{facts.id.split(':')[-1]}-{stack.torch_public}" if facts else None
-        if stamp is not None and stamp.exists():
-            return ""
         probe = ContainerSpec(name=f"sg-check-{stack.content_hash[:8]}-{os.getpid()}", image=tag,
                               command=("python", "-c", TORCH_PROBE), env={}, mounts=(), hostname="check",
                               user=f"{os.getuid()}:{os.getgid()}")
-        try:
-            [ran] = self.engine.run_group([probe], network=None, timeout_s=300, on_line=None)
-        except InfraError as exc:
-            return f"its check could not run: {exc}"
-        problem = torch_probe_problem(stack, ran.exit_code, ran.log)
-        if not problem and stamp is not None:
-            with contextlib.suppress(OSError):  # a read-only cache checks again next time
-                stamp.parent.mkdir(parents=True, exist_ok=True)
-                stamp.write_text(f"{tag}\n")
-        return problem
+
+        def imports() -> str:
+            try:
+                [ran] = self.engine.run_group([probe], network=None, timeout_s=300, on_line=None)
+            except InfraError as exc:
+                return f"its check could not run: {exc}"
+            return torch_probe_problem(stack, ran.exit_code, ran.log)
+
+        stamp = self.cache_dir / "checked-images" / facts.id.split(":")[-1] if facts else None
+        return checked_once(stamp, stack.torch_public, imports)
 
     def layout(self, handle: EnvHandle, exe: Execution) -> Layout:
         """Nodes are containers: the cell's directories are mounted at /sg/..., the suite (and the
