@@ -145,12 +145,14 @@ def test_no_ca_bundle_or_secret_in_any_layer(docker_backend: DockerBackend, cpu_
 
 
 def test_upgrade_torch_with_docker_builds_both_images_then_rebuilds_nothing(engine: object, tmp_path: Path) -> None:
-    """Issue #3's acceptance: images for 2.13.0+cpu and 2.14.1, the suite in each, reports; a rerun reuses."""
+    """Issue #3's acceptance: images for 2.13.0+cpu and 2.14.1, the suite in each, reports; a rerun reuses.
+    The trainers are left out here: the venv tier runs the whole suite through this same path, and CI's
+    README main command (Docker, the default backend) runs the whole suite in these images right after."""
     import os
 
     from tests.torch.test_end_to_end import check_upgrade_run
     cache = Path(os.environ.get("STACKGATE_CACHE_DIR", Path.home() / ".cache" / "stackgate"))
-    check_upgrade_run(tmp_path, cache, "docker")
+    check_upgrade_run(tmp_path, cache, "docker", ("-k", "identity or collective or crossversion"))
 
 
 def test_sigterm_mid_cell_removes_containers_and_networks_and_resume_finishes(engine: object, tmp_path: Path) -> None:
