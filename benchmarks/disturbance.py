@@ -2,8 +2,9 @@
 interference figures each run records (PSI `some`, steal) tell which runs of a gated metric came out
 slow? Reads every run under REPORTS (a `stackgate run` reports folder, e.g. the one
 `benchmarks/sensitivity.py` prints at its end) and, per run folder and role (production, candidate),
-takes each run's best step of the metric and its distance from that role's median best step in that
-folder (log ratio: a run slowed by something the two stacks do not differ in). Prints, for bands of
+takes each run's best step of the metric (the gate's `summary = "best"`) and its distance from that role's
+median best step in that folder (log ratio, positive = worse: a run slowed by something the two stacks do
+not differ in). Prints, for bands of
 PSI `some` and of steal, how many runs fell there, their median distance and how many lay more than
 5% above their role's median, then the rank correlation of each figure with the distance. A signal
 worth gating by (re-running the runs it marks) shows slow runs concentrated in its top band and a
@@ -20,6 +21,8 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
+from stackgate import stats
+
 SLOW = math.log(1.05)
 BANDS = {"some": (0.0, 0.1, 0.3, 0.5, 1.01), "steal": (0.0, 0.0001, 0.002, 0.01, 1.01)}
 
@@ -28,11 +31,13 @@ BANDS = {"some": (0.0, 0.1, 0.3, 0.5, 1.01), "steal": (0.0, 0.0001, 0.002, 0.01,
 class Run:
     some: float
     steal: float
-    distance: float  # log of the run's best step over its role's median best step in its folder
+    distance: float  # log of the run's best step over its role's median best step in its folder; > 0: worse
 
 
 def best_steps(folder: Path, metric: str, clock: str | None) -> list[tuple[str, float, dict[str, float]]]:
-    """(role, best step, pressure) for each run in one run folder that recorded the metric."""
+    """(role, best step as a cost: lower is better, pressure) for each run in one run folder that recorded
+    the metric."""
+    series = {"clock": clock} if clock else {}  # one series: the metric tagged with its clock alone
     out = []
     for line in (folder / "results.jsonl").read_text().splitlines():
         row = json.loads(line) if line.strip() else None
@@ -40,8 +45,10 @@ def best_steps(folder: Path, metric: str, clock: str | None) -> list[tuple[str, 
         if not row or not pressure:
             continue
         for m in row.get("metrics", []):
-            if m["name"] == metric and m.get("tags", {}).get("clock") == clock and m.get("samples"):
-                out.append((row["role"], min(m["samples"]), pressure))
+            if m["name"] == metric and m.get("tags", {}) == series and m.get("samples"):
+                better = m.get("better", "lower")
+                best = stats.run_summaries([m["samples"]], "best", better)[0]
+                out.append((row["role"], best if better == "lower" else 1 / best, pressure))
     return out
 
 
@@ -102,7 +109,7 @@ def main() -> int:
     args = ap.parse_args()
     runs = runs_under(args.reports, args.metric, args.clock or None)
     if not runs:
-        print(f"no run under {args.reports} recorded {args.metric} with its pressure")
+        print(f"under {args.reports}, no role of a run folder recorded {args.metric} with its pressure in 3 runs or more")
         return 2
     slow = sum(r.distance > SLOW for r in runs)
     print(f"{len(runs)} runs of {args.metric}[clock={args.clock or 'wall'}]; {slow} more than 5% above their "
