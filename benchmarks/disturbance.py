@@ -2,14 +2,13 @@
 interference figures each run records (PSI `some`, steal) tell which runs of a gated metric came out
 slow? Reads every run under REPORTS (a `stackgate run` reports folder, e.g. the one
 `benchmarks/sensitivity.py` prints at its end) and, per run folder and role (production, candidate),
-takes each run's best step of the metric (the gate's `summary = "best"`) and its distance from that role's
-median best step in that folder (log ratio, positive = worse: a run slowed by something the two stacks do
-not differ in). Prints, for bands of
-PSI `some` and of steal, how many runs fell there, their median distance and how many lay more than
-5% above their role's median, then the rank correlation of each figure with the distance. A signal
-worth gating by (re-running the runs it marks) shows slow runs concentrated in its top band and a
-clear positive correlation. A benchmark: it prints figures and asserts nothing.
-"""
+takes each run's best step of the metric (the gate's `summary = "best"`) and its distance from that
+role's median best step in that folder (positive = worse: a run slowed by something the two stacks do
+not differ in). Prints, for bands of PSI `some` and of steal, how many runs fell there, their median
+distance and how many lay more than 5% above their role's median, then the rank correlation of each
+figure with the distance. A signal worth gating by (re-running the runs it marks) shows slow runs
+concentrated in its top band and a clear positive correlation. A benchmark: it prints figures and
+asserts nothing."""
 
 from __future__ import annotations
 
@@ -40,9 +39,11 @@ def best_steps(folder: Path, metric: str, clock: str | None) -> list[tuple[str, 
     series = {"clock": clock} if clock else {}  # one series: the metric tagged with its clock alone
     out = []
     for line in (folder / "results.jsonl").read_text().splitlines():
-        row = json.loads(line) if line.strip() else None
-        pressure = (row or {}).get("environment", {}).get("pressure")
-        if not row or not pressure:
+        if not line.strip():
+            continue
+        row = json.loads(line)
+        pressure = row.get("environment", {}).get("pressure")
+        if not pressure:
             continue
         for m in row.get("metrics", []):
             if m["name"] == metric and m.get("tags", {}) == series and m.get("samples"):
@@ -95,7 +96,7 @@ def table(runs: list[Run], figure: str) -> None:
             continue
         slow = sum(r.distance > SLOW for r in band)
         label = f"{low:.2%}-{min(high, 1):.2%}"
-        print(f"{label:>18} {len(band):>6} {statistics.median(r.distance for r in band):>+15.2%} "
+        print(f"{label:>18} {len(band):>6} {math.expm1(statistics.median(r.distance for r in band)):>+15.2%} "
               f"{f'{slow}/{len(band)}':>11}")
     rho = spearman([getattr(r, figure) for r in runs], [r.distance for r in runs])
     print(f"rank correlation of {figure} with the distance: {'n/a (one value)' if rho is None else f'{rho:+.2f}'}")
@@ -113,7 +114,7 @@ def main() -> int:
         return 2
     slow = sum(r.distance > SLOW for r in runs)
     print(f"{len(runs)} runs of {args.metric}[clock={args.clock or 'wall'}]; {slow} more than 5% above their "
-          f"role's median; distance {min(r.distance for r in runs):+.1%} .. {max(r.distance for r in runs):+.1%}")
+          f"role's median; distance {math.expm1(min(r.distance for r in runs)):+.1%} .. {math.expm1(max(r.distance for r in runs)):+.1%}")
     for figure in BANDS:
         table(runs, figure)
     return 0
