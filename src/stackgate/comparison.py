@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 from stackgate import calibrate, pressure, results, stats
 from stackgate.evidence import MetricComparison, ParityCheck
@@ -28,6 +29,18 @@ def repeat_pairs(cand: Cell, base: Cell, recorded: Mapping[str, CellResult]) -> 
     theirs = results.rounds(recorded, base, PhaseKind.REPEAT)
     mine = results.rounds(recorded, cand, PhaseKind.REPEAT)
     return [(theirs[r], c) for r, c in mine.items() if r in theirs and theirs[r].status.ran_suite and c.status.ran_suite]
+
+
+def compared_pairs(bres: CellResult, cres: CellResult, repeats: Sequence[Pair], policy: Policy) -> list[Pair]:
+    """The run pairs a gated metric is compared over: the main runs and the repeats, or, with pairing =
+    "concurrent", the repeats alone once there are any (each pair's runs taken at the same time; the
+    main runs, one after the other, would bring back the drift those pairs cancel)."""
+    return list(repeats) if policy.concurrent and repeats else [(bres, cres), *repeats]
+
+
+def _was_pinned(pair: Pair) -> bool:
+    """Both runs of the pair were given their own CPUs: they ran at the same time (`Runner.run_together`)."""
+    return all(r.environment.get("cpus") for r in pair)
 
 
 def interference(result: CellResult) -> float | None:
@@ -102,7 +115,7 @@ def unsettled(cand: Cell, base: Cell, recorded: Mapping[str, CellResult], policy
     if cres is None or bres is None or not (cres.status.ran_suite and bres.status.ran_suite):
         return {}
     pairs = repeat_pairs(cand, base, recorded)
-    runs = 1 + len(pairs)
+    runs = len(compared_pairs(bres, cres, pairs, policy))
     comparisons, _, _ = compare_pair(cand, base, cres, bres, policy, Severity.INFO, repeats=pairs)
     out = {}
     for c in comparisons:
@@ -161,7 +174,8 @@ def compare_pair(cand: Cell, base: Cell, cres: CellResult, bres: CellResult, pol
     comparisons, parity, reasons = [], [], []
     bmetrics, cmetrics = _metric_index(bres), _metric_index(cres)
     limit = policy.max_pressure
-    every: list[Pair] = [(bres, cres), *repeats]
+    every = compared_pairs(bres, cres, repeats, policy)
+    main_left_out = len(every) == len(repeats)  # concurrent pairs: compared without the main runs
     kept, dropped = disturbed(every, limit)
     sampled_gate = False  # a gated metric compared by its samples: the runs' interference matters
     for key in sorted(set(bmetrics) | set(cmetrics)):
@@ -198,6 +212,8 @@ def compare_pair(cand: Cell, base: Cell, cres: CellResult, bres: CellResult, pol
                                       cell=cand.id, test=metric.test, kind="perf-inconclusive"))
             continue
         base_runs, cand_runs = _runs(key, kept)
+        if not base_runs and not dropped and main_left_out:  # no concurrent pair recorded it: the main runs' steps
+            base_runs, cand_runs = _runs(key, disturbed([(bres, cres)], limit)[0])
         if rule_p is not None and rule_p.method == "threshold":
             cmp = stats.threshold(other.samples, metric.samples, better=metric.better, tolerance=rule_p.tolerance)
         elif rule_p is not None and not base_runs:
@@ -211,6 +227,7 @@ def compare_pair(cand: Cell, base: Cell, cres: CellResult, bres: CellResult, pol
             sampled_gate = True
             cmp = stats.paired(base_runs, cand_runs, better=metric.better, tolerance=rule_p.tolerance,
                                confidence=policy.confidence, summary=rule_p.summary)
+            cmp = replace(cmp, together=main_left_out and any(_was_pinned(p) for p in kept))
         elif rule_p is not None:  # the one quiet run: its steps
             sampled_gate = True
             cmp = stats.compare(base_runs[0], cand_runs[0], better=metric.better, tolerance=rule_p.tolerance,

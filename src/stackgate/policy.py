@@ -23,6 +23,8 @@ PreexistingRule = Literal["go", "inconclusive"]
 PREEXISTING: tuple[PreexistingRule, ...] = ("go", "inconclusive")
 MAX_PRESSURE = 0.6  # docs/performance.md "A verdict that holds on a busy runner": quiet 4%, two busy loops 43-51%
 FlakyRule = Literal["inconclusive", "go", "no-go"]
+Pairing = Literal["sequential", "concurrent"]
+PAIRINGS: tuple[Pairing, ...] = ("sequential", "concurrent")
 FLAKY: tuple[FlakyRule, ...] = ("inconclusive", "go", "no-go")
 
 
@@ -128,10 +130,26 @@ class Policy:
     # up to `pressure_reruns` more interleaved rounds replace such pairs
     max_pressure: float = MAX_PRESSURE
     pressure_reruns: int = 3
+    # how the two runs of a pair of the interleaved repeats are taken: one after the other, in alternating
+    # order ("sequential"), or at the same time, each stack on its own share of the runner's CPUs, the shares
+    # swapped pair by pair ("concurrent", duet benchmarking: a runner whose speed drifts on every core at
+    # once slows both runs of a pair alike; then the gated comparison is over those pairs alone)
+    pairing: Pairing = "sequential"
     performance: tuple[MetricRule, ...] = ()
     numerics: tuple[NumericsRule, ...] = ()
     waivers: tuple[Waiver, ...] = ()
     supply: SupplyRules = SupplyRules()
+
+    @property
+    def concurrent(self) -> bool:
+        """The repeats' pairs run at the same time: then the gated comparison is over them alone (the
+        main runs, one after the other, are not such a pair), and `repeats` of them are made."""
+        return self.pairing == "concurrent"
+
+    def repeat_rounds(self) -> range:
+        """The rounds of interleaved repeats after the main run: `repeats` runs of each stack in all
+        (the main run one of them), or, with concurrent pairs, `repeats` pairs besides the main run."""
+        return range(1, self.repeats + 1 if self.concurrent and self.repeats > 1 else self.repeats)
 
     def metric_rule(self, name: str, tags: dict[str, str], device: str) -> MetricRule | None:
         return next((r for r in self.performance if r.applies(name, tags, device)), None)
@@ -161,7 +179,7 @@ def load_policy(path: Path) -> Policy:
     tomlfile.check_keys(doc, req, ["cells", "tests", "candidate_tests", "all_tests", "metrics"], "required")
     perf = tomlfile.get(doc, d, "performance", dict, default={})
     tomlfile.check_keys(doc, perf, ["confidence", "resamples", "min_samples", "repeats", "confirm_repeats",
-                                     "max_pressure", "pressure_reruns", "metric"], "performance")
+                                     "max_pressure", "pressure_reruns", "pairing", "metric"], "performance")
     rules = []
     for row in tomlfile.get(doc, perf, "metric", list, "performance", default=[]):
         tomlfile.check_keys(doc, row, ["name", "tolerance", "devices", "tags", "method", "summary"],
@@ -230,6 +248,7 @@ def load_policy(path: Path) -> Policy:
         confirm_repeats=int(_in_range(doc, perf, "confirm_repeats", 1, 100, "performance", default=5, kind=int)),
         max_pressure=_in_range(doc, perf, "max_pressure", 0.0, 1.0, "performance", default=MAX_PRESSURE),
         pressure_reruns=int(_in_range(doc, perf, "pressure_reruns", 0, 20, "performance", default=3, kind=int)),
+        pairing=next(p for p in PAIRINGS if p == _choice(doc, perf, "pairing", PAIRINGS, "sequential", "performance")),
         performance=tuple(rules),
         numerics=tuple(numerics),
         waivers=tuple(waivers) + allowed,

@@ -110,7 +110,8 @@ def short_of_quiet_runs(pairs: Sequence[Cell], by_id: Mapping[str, Cell], finish
     per_candidate, why = {}, {}
     for cand in pairs:
         base = by_id[cand.baseline]
-        runs = [(finished[base.id], finished[cand.id]), *comparison.repeat_pairs(cand, base, finished)]
+        runs = comparison.compared_pairs(finished[base.id], finished[cand.id],
+                                         comparison.repeat_pairs(cand, base, finished), policy)
         kept, dropped = comparison.disturbed(runs, policy.max_pressure)
         if dropped and len(kept) < len(runs) - replaced.get(cand.id, 0):
             per_candidate[cand] = gated_tests(cand, [finished[cand.id], finished[base.id]], policy)
@@ -162,3 +163,13 @@ def repeat_attempts(cells: Sequence[Cell], by_id: Mapping[str, Cell], select: Ma
     counterbalanced (see `repeat_order`)."""
     return [Attempt(cell, phase(r), select=() if select[cell.id] == (WHOLE_SUITE,) else select[cell.id])
             for r, cell in repeat_order([c for c in cells if c.id in select], by_id, rounds)]
+
+
+def by_round(attempts: Sequence[Attempt], by_id: Mapping[str, Cell]) -> list[list[Attempt]]:
+    """The attempts that run at the same time with pairing = "concurrent": each round's runs of one
+    production cell and of its candidates, in the order given."""
+    groups: dict[tuple[int, str], list[Attempt]] = {}
+    for a in attempts:
+        base = a.cell.id if a.cell.role is Role.PRODUCTION else by_id[a.cell.baseline].id
+        groups.setdefault((a.phase.round, base), []).append(a)
+    return list(groups.values())

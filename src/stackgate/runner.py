@@ -7,11 +7,14 @@ calls a backend's `execute` (in `run_cell`)."""
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import secrets
 import shutil
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -21,6 +24,7 @@ from stackgate.console import Console, Printer
 from stackgate.errors import InfraError
 from stackgate.model import MAIN, Cell, CellResult, Phase, PhaseKind, Role, Status
 from stackgate.plan import plan_envs
+from stackgate.policy import Policy
 from stackgate.suite import ATTEMPT_PREFIX, NodeExit, RunContext, build_result, node_commands
 
 
@@ -76,7 +80,8 @@ def run_cell(backend: Backend, cell: Cell, handle: EnvHandle, ctx: RunContext,
     of each at the same time) under one deadline, then collected into a CellResult."""
     workdir, shared = ctx.fresh_cell_dir(cell)
     tag = hashlib.sha1(f"{ctx.run_id}/{ctx.result_id(cell)}/{secrets.token_hex(4)}".encode()).hexdigest()[:10]
-    exe = Execution(cell, workdir, ctx.artifacts_of(cell), shared, ctx.suite.path.resolve(), tag, ctx.on_line)
+    exe = Execution(cell, workdir, ctx.artifacts_of(cell), shared, ctx.suite.path.resolve(), tag, ctx.on_line,
+                    ctx.cpus)
     # this attempt's JUnit and records go where only it writes: a process of a killed attempt that is
     # still alive writes into a directory that is gone or never read, not into this attempt's evidence
     evidence = workdir / f"{ATTEMPT_PREFIX}{tag}"
@@ -105,8 +110,8 @@ class Runner:
         self.backend = backend
         self.gauge = gauge
         self.console = console
-        self.progress = Progress(console.say)
-        self.ctx = replace(ctx, on_line=self.progress.line)
+        self.ctx = ctx
+        self._recording = threading.Lock()  # attempts made at the same time append one line each
         self.by_id = {c.id: c for c in cells}
         self._plans = {p.stack.content_hash: p for p in plan_envs(cells)}
         self._resolutions = resolutions or {}
@@ -158,12 +163,45 @@ class Runner:
                 continue
             self.attempt(attempt, handle)
 
-    def attempt(self, attempt: Attempt, handle: Handle | None = None, *, step: str = "") -> CellResult:
-        """Make one attempt now and record its result."""
+    def run_together(self, groups: Iterable[Sequence[Attempt]], *, turn: int | None = None) -> list[CellResult]:
+        """Each group's attempts (a round of one production cell and its candidates) at the same time,
+        each on its own share of this runner's CPUs, the shares turned by one each round (so no stack
+        keeps the faster cores): duet benchmarking, for pairing = "concurrent". What a resumed run
+        finished is kept, as `run` keeps it; a group that cannot be split (fewer CPUs than attempts, one
+        attempt left, or a GPU cell: both stacks would share the device) runs one attempt after the other. `turn`: the shares' turn for every group
+        (default: each group's round). Returns the results made."""
+        recorded = results.read(self.ctx.run_dir)
+        made: list[CellResult] = []
+        for group in groups:
+            todo = [(a, h) for a in group if results.kept(recorded, a.result_id) is None
+                    and isinstance(h := self.environment(a.cell), EnvHandle)]
+            shares = cpu_shares(len(todo), turn if turn is not None else todo[0][0].phase.round if todo else 0)
+            if len(todo) < 2 or not shares or any(a.cell.device != "cpu" for a, _ in todo):
+                made += [self.attempt(attempt, handle) for attempt, handle in todo]
+                continue
+            # shares go by a fixed order of the stacks (production first), not the group's, which alternates
+            # for the sequential pairs' sake: with both turning, production would keep the same share
+            fixed = sorted(range(len(todo)), key=lambda i: (todo[i][0].cell.role is not Role.PRODUCTION,
+                                                            todo[i][0].cell.id, todo[i][0].phase.round))
+            shares = [shares[fixed.index(i)] for i in range(len(todo))]
+            self.console.say("together: " + ", ".join(f"{a.result_id} on CPU(s) {','.join(map(str, s))}"
+                                                      for (a, _), s in zip(todo, shares, strict=True)))
+            with ThreadPoolExecutor(len(todo), thread_name_prefix="pair") as pool:
+                running = [pool.submit(self.attempt, a, h, cpus=s) for (a, h), s in zip(todo, shares, strict=True)]
+                made += [done.result() for done in running]
+        return made
+
+    def attempt(self, attempt: Attempt, handle: Handle | None = None, *, step: str = "",
+                cpus: tuple[int, ...] = ()) -> CellResult:
+        """Make one attempt now and record its result; on `cpus` (this thread and every process it
+        starts, and a container's cpuset), or wherever the runner's own CPUs allow."""
         handle = handle if handle is not None else self.environment(attempt.cell)
+        if cpus:
+            os.sched_setaffinity(0, cpus)  # this thread only: what it starts inherits it
         with self.console.step(step or f"run {attempt.result_id}"):
-            result = self._execute(attempt.cell, handle, self.context(attempt))
-        results.append(self.ctx.run_dir, result)
+            result = self._execute(attempt.cell, handle, replace(self.context(attempt), cpus=cpus))
+        with self._recording:
+            results.append(self.ctx.run_dir, result)
         return result
 
     def context(self, attempt: Attempt) -> RunContext:
@@ -200,12 +238,14 @@ class Runner:
         if isinstance(handle, PrepareFailed):
             return ctx.mask.result(did_not_run(Status.BUILD_FAILED, str(handle), handle.log_tail))
         say(f"run {label}")
-        self.progress.begin(label)
+        progress = Progress(say)
+        progress.begin(label)
         try:
-            result = run_cell(self.backend, cell, handle, ctx, self.gauge)
+            result = run_cell(self.backend, cell, handle, replace(ctx, on_line=progress.line), self.gauge)
         except InfraError as exc:
             result = did_not_run(Status.INFRA_ERROR, str(exc))
-        environment = {**result.environment, "env_reused": handle.reused, "env_prepare_s": round(handle.prepare_s, 1)}
+        environment = {**result.environment, "env_reused": handle.reused, "env_prepare_s": round(handle.prepare_s, 1),
+                       **({"cpus": list(ctx.cpus)} if ctx.cpus else {})}
         if handle.sbom.get("packages"):  # the stack's own SBOM, as its backend recorded it (what a promotion locks)
             environment["stack_packages"] = handle.sbom["packages"]
             environment.setdefault("packages", handle.sbom["packages"])
@@ -223,6 +263,29 @@ class Runner:
             say(f"  ended {len(left)} process(es) that outlived the suite: " + "; ".join(str(x)[:80] for x in left))
         say(f"  {label}: {result.status.value} in {result.duration_s:.0f}s {result.reason[:200]}")
         return result
+
+
+def together_here(policy: Policy, backend: Backend) -> bool:
+    """Whether the repeats' pairs run at the same time: pairing = "concurrent", on a backend whose nodes
+    run on this host (a Slurm job's run on its own nodes, where this runner's CPUs mean nothing)."""
+    return policy.concurrent and backend.name != "slurm"
+
+
+def cpu_shares(parts: int, turn: int, cpus: Iterable[int] | None = None) -> list[tuple[int, ...]]:
+    """This runner's CPUs (`os.sched_getaffinity`) cut into `parts` contiguous shares as even as they
+    go, turned by `turn` (attempt j gets share (j + turn) % parts); [] when there are fewer CPUs than
+    parts."""
+    have = sorted(os.sched_getaffinity(0) if cpus is None else cpus)
+    if parts < 1 or len(have) < parts:
+        return []
+    size, extra = divmod(len(have), parts)
+    shares, start = [], 0
+    for i in range(parts):
+        end = start + size + (1 if i < extra else 0)
+        shares.append(tuple(have[start:end]))
+        start = end
+    turn %= parts
+    return shares[turn:] + shares[:turn]
 
 
 def stack_artifacts(run_dir: Path, cell: Cell) -> Path:

@@ -47,6 +47,7 @@ class Comparison:
     noise: float = 0.0  # paired: how much the pairs' log ratios spread (their sd; robust, from the MAD, for "sign")
     apart: int = 0  # paired: the pairs that stand apart from the rest (`apart`: a run slowed whole)
     apart_worse: int = 0  # paired: those of them on the worse side of the rest (the side of a regression)
+    together: bool = False  # paired: each pair's two runs were taken at the same time (pairing = "concurrent")
 
     better: str = "lower"  # the metric's direction: "lower" (a time) or "higher" (a bandwidth)
 
@@ -86,7 +87,8 @@ class Comparison:
             return f"{self.base_median:.4g}{u} -> {self.cand_median:.4g}{u} ({self.reading()}; single value, {allowed})"
         how = ""
         if self.method == "paired":
-            how = (f", over {self.pairs} interleaved runs, " + ("sign test on the median pair" if self.statistic == "sign"
+            runs = "pairs of runs taken at the same time" if self.together else "interleaved runs"
+            how = (f", over {self.pairs} {runs}, " + ("sign test on the median pair" if self.statistic == "sign"
                                                                  else "t interval on the mean pair"))
         low, high = self.value_interval
         return (f"{self.base_median:.4g}{u} -> {self.cand_median:.4g}{u} ({self.reading()}, CI of the change "

@@ -159,6 +159,7 @@ class RunContext:
     suite_deps: Mapping[str, Any] = field(default_factory=dict)  # what the suite installs (for the report)
     refused_links: tuple[str, ...] = ()  # links out of the run directory not copied into this run's artifacts
     mask: Masker = field(default_factory=Masker)  # secrets never reach what stackgate writes
+    cpus: tuple[int, ...] = ()  # this attempt's share of the host's CPUs (pairing = "concurrent"); () = any
 
     def result_id(self, cell: Cell) -> str:
         return cell.result_id(self.phase, self.against)

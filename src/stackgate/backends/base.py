@@ -116,6 +116,9 @@ class Execution:
     suite: Path  # the suite on this host
     tag: str  # unique per attempt: what an earlier, killed attempt left never blocks this one
     on_line: Callable[[str], None] | None = None
+    # the host CPUs its nodes may run on (one stack's share of a concurrent pair); () = any. Processes
+    # started on this host inherit it from the runner's thread; a container is given it as its cpuset
+    cpus: tuple[int, ...] = ()
 
 
 class Backend(Protocol):

@@ -49,6 +49,9 @@ _KILLED_FOR_MEMORY = re.compile(r"(^Killed$|OutOfMemoryError|CUDA out of memory|
 LAYOUT = 2  # bump when the way environments are built changes (2: bytecode compiled at build time)
 
 
+ATTEMPT = "STACKGATE_ATTEMPT"  # marks the processes of one attempt (`Execution.tag`)
+
+
 class VenvBackend:
     name = "venv"
 
@@ -179,7 +182,7 @@ class VenvBackend:
 
         def node(i: int, command: NodeCommand) -> None:
             env = {**node_base(self.env), **command.env}  # an allow-list: no host secret reaches the suite
-            env.update({**extra, "PATH": extra["PATH"] + os.pathsep + env.get("PATH", "")})
+            env.update({**extra, "PATH": extra["PATH"] + os.pathsep + env.get("PATH", ""), ATTEMPT: exe.tag})
             try:
                 result = proc.run(command.argv, env=env, cwd=command.cwd,
                                   timeout_s=max(deadline - time.monotonic(), 1),
@@ -202,8 +205,9 @@ class VenvBackend:
             t.join()
         done = [e for e in exits if e is not None]
         if commands and done:  # what the suite started and left running (a daemon in a session of its own)
+            # this attempt's own: another attempt of the same cell may be running beside it (concurrent pairs)
             marks = {k: commands[0].env[k] for k in ("STACKGATE_RUN_ID", "STACKGATE_CELL") if k in commands[0].env}
-            ended = proc.end_marked(marks) if len(marks) == 2 else []
+            ended = proc.end_marked({**marks, ATTEMPT: exe.tag}) if len(marks) == 2 else []
             if ended:
                 done[0] = dataclasses.replace(done[0], leftovers=tuple(f"pid {pid}: {cmd}" for pid, cmd in ended))
         return tuple(done)

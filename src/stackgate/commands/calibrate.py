@@ -23,7 +23,7 @@ from stackgate.policy import Policy
 from stackgate.repeats import gated_keys, gated_tests
 from stackgate.report.data import now
 from stackgate.report.files import atomic_write
-from stackgate.runner import Attempt, Runner, Unprepared
+from stackgate.runner import Attempt, Runner, Unprepared, together_here
 from stackgate.suite import RunContext
 
 
@@ -48,6 +48,7 @@ def calibrate(opts: Options, env: Mapping[str, str], *, runs: int, target: float
     ctx = RunContext(run_id=run_id, run_dir=run_dir, suite=suite, mask=masking.Masker.of(env, suite.env))
     runner = Runner(backend, ctx, console, prods, resolutions, gauge=machinery.gauge)
     report: dict[str, Any] = {"run_id": run_id, "target": target, "allow": allow, "runs": runs, "pools": {}}
+    together = together_here(loaded.policy, backend)
     try:
         for cell in prods:
             handle = runner.environment(cell)
@@ -85,7 +86,7 @@ def calibrate(opts: Options, env: Mapping[str, str], *, runs: int, target: float
                 if run_s:
                     few = measured.pairs - measured.apart < FEW_PAIRS  # then: the same noise from enough pairs
                     more = advise(replace(measured, pairs=FEW_PAIRS + measured.apart)) if few else None
-                    say(f"    {_cost(rec, run_s, more)}")
+                    say(f"    {_cost(rec, run_s, more, together)}")
                 if hint:
                     say(f"    {hint}")
             history.record_calibration(opts.history, pool=cell.pool.name, run_id=run_id, recorded=now(),
@@ -94,7 +95,8 @@ def calibrate(opts: Options, env: Mapping[str, str], *, runs: int, target: float
                                                 "recommended_repeats": r.repeats,
                                                 **({"recommended_confirm_repeats": r.confirm} if r.confirms else {}),
                                                 "pairs_disturbed": dropped,
-                                                **({"run_s": run_s, **_seconds(r, run_s)} if run_s else {})}
+                                                **({"run_s": run_s, **_seconds(r, run_s, together)} if run_s else {}),
+                                                "pairing": loaded.policy.pairing if together else "sequential"}
                                                for n, r, _ in rows]
     finally:
         backend.close()
@@ -113,52 +115,72 @@ def _run_seconds(found: list[CellResult]) -> float:
     return round(statistics.median(timed), 2) if timed else 0.0
 
 
-def _cost(rec: cal.Recommendation, run_s: float, more: cal.Recommendation | None = None) -> str:
+def _cost(rec: cal.Recommendation, run_s: float, more: cal.Recommendation | None = None,
+          together: bool = False) -> str:
     """What the recommendation costs in wall time per candidate beside production, so that a team can
     weigh a quieter runner or a wider target against it; and, when few A/A pairs measured the noise,
     what the same noise measured from more would cost (`more`)."""
-    cost = _seconds(rec, run_s)
+    cost = _seconds(rec, run_s, together)
+    runs = "pairs run at the same time" if together else "runs (production and a candidate)"
     text = (f"cost on this runner, at {run_s:.1f} s a run of the gated tests: a comparison the repeats settle "
-            f"takes 2 x {rec.repeats} runs (production and a candidate), about {_minutes(cost['settled_s'])}")
+            f"takes {'' if together else '2 x '}{rec.repeats} {runs}, about {_minutes(cost['settled_s'])}")
     if rec.confirms and rec.confirm > rec.repeats:
-        text += (f"; one confirmed (left unsettled, or before a NO-GO) 2 x {rec.confirm} runs, about "
-                 f"{_minutes(cost['confirmed_s'])}")
+        text += (f"; one confirmed (left unsettled, or before a NO-GO) {'' if together else '2 x '}{rec.confirm} "
+                 f"{'pairs' if together else 'runs'}, about {_minutes(cost['confirmed_s'])}")
     text += "; the runs needed grow with the noise squared: a runner half as noisy needs about a quarter as many"
     if more is not None and more.repeats < rec.repeats:
         text += (f"; and they are planned at the noise's upper bound, which {rec.pairs - rec.apart} A/A pair(s) leave "
                  f"wide: were the same noise measured from {FEW_PAIRS} pairs (`--runs {2 * FEW_PAIRS}` or more), "
-                 f"repeats = {more.repeats}, about {_minutes(_seconds(more, run_s)['settled_s'])}")
+                 f"repeats = {more.repeats}, about {_minutes(_seconds(more, run_s, together)['settled_s'])}")
     return text
 
 
-def _seconds(rec: cal.Recommendation, run_s: float) -> dict[str, float]:
-    """The wall time of a comparison the repeats settle, and of one confirmed: both stacks' runs."""
-    return {"settled_s": round(2 * rec.repeats * run_s, 1), "confirmed_s": round(2 * rec.confirm * run_s, 1)}
+def _seconds(rec: cal.Recommendation, run_s: float, together: bool = False) -> dict[str, float]:
+    """The wall time of a comparison the repeats settle, and of one confirmed: both stacks' runs, one
+    after the other, or side by side (`together`: pairing = "concurrent", `run_s` measured that way)."""
+    sides = 1 if together else 2
+    return {"settled_s": round(sides * rec.repeats * run_s, 1), "confirmed_s": round(sides * rec.confirm * run_s, 1)}
 
 
 def _minutes(seconds: float) -> str:
     return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
 
 
+def _ran(result: CellResult, made: int, cell: Cell) -> None:
+    if not result.status.ran_suite:
+        raise InfraError(f"calibration run {made} of {cell.id} did not run its tests: {result.status.value}"
+                         f": {result.reason[:300]}")
+
+
 def _aa_runs(runner: Runner, cell: Cell, handle: EnvHandle, runs: int, policy: Policy) -> tuple[list[CellResult], int]:
     """`runs` A/A runs of the production cell, in pairs (0, 1), (2, 3), ...; a pair taken while the runner
     was busy beyond `max_pressure` is not used and another is run in its place, up to `pressure_reruns`
-    times (as the gate replaces the pairs of its repeats). Returns the runs of the pairs kept, and how many
-    pairs were dropped."""
+    times (as the gate replaces the pairs of its repeats). With pairing = "concurrent" the gate's pairs
+    run at the same time, and so do these: a first run alone finds the gated tests (as the gate's main
+    runs do, and, like them, it is not one of the pairs). Returns the runs of the pairs kept, and how
+    many pairs were dropped."""
     kept: list[CellResult] = []
     select: tuple[str, ...] = ()
     dropped = made = 0
     planned = runs
+    together = together_here(policy, runner.backend)
+    if together:
+        first = runner.attempt(Attempt(cell, aa(0)), handle, step=f"A/A run 0 (the whole suite) of {cell.id}")
+        _ran(first, 0, cell)
+        select, made, planned = gated_tests(cell, [first], policy), 1, runs + 1
     while made < planned:
-        result = runner.attempt(Attempt(cell, aa(made), select=select), handle,
-                                step=f"A/A run {made + 1}/{planned} of {cell.id}")
-        made += 1
-        if not result.status.ran_suite:
-            raise InfraError(f"calibration run {made} of {cell.id} did not run its tests: {result.status.value}"
-                             f": {result.reason[:300]}")
-        kept.append(result)
+        if together:
+            pair = [Attempt(cell, aa(made), select=select), Attempt(cell, aa(made + 1), select=select)]
+            found = runner.run_together([pair], turn=made // 2)
+        else:
+            found = [runner.attempt(Attempt(cell, aa(made), select=select), handle,
+                                    step=f"A/A run {made + 1}/{planned} of {cell.id}")]
+        for result in found:
+            made += 1
+            _ran(result, made, cell)
+            kept.append(result)
         select = select or gated_tests(cell, kept, policy)
-        if made % 2 == 0 and comparison.disturbed([(kept[-2], kept[-1])], policy.max_pressure)[1]:
+        if len(kept) % 2 == 0 and comparison.disturbed([(kept[-2], kept[-1])], policy.max_pressure)[1]:
             del kept[-2:]
             dropped += 1
             if dropped <= policy.pressure_reruns:

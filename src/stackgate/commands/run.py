@@ -19,7 +19,7 @@ from stackgate.options import Options
 from stackgate.plan import plan_envs, run_order
 from stackgate.policy import Policy
 from stackgate.report.data import now
-from stackgate.runner import Attempt, Runner
+from stackgate.runner import Attempt, Runner, together_here
 from stackgate.suite import RunContext
 
 
@@ -132,21 +132,32 @@ def _quiet_runs(runner: Runner, ordered: Sequence[Cell], pairs: Sequence[Cell], 
                            f"({made + 1} of at most {budget}), because " + "; ".join(
                                f"{cell_id}: {reason}" for cell_id, reason in sorted(why.items())))
         first = repeats.next_round(finished)
-        runner.run(repeats.repeat_attempts(ordered, runner.by_id, select, range(first, first + 1)))
+        _repeat(runner, ordered, select, range(first, first + 1), policy)
         for cell_id in why:
             replaced[cell_id] = replaced.get(cell_id, 0) + 1
         made += 1
     return made
 
 
+def _repeat(runner: Runner, ordered: Sequence[Cell], select: repeats.Selection, rounds: range, policy: Policy) -> None:
+    """`rounds` interleaved runs of the selected tests: pair by pair, one run after the other, or, with
+    pairing = "concurrent", each round's runs at the same time on shares of the runner's CPUs (on a
+    backend whose nodes run on this host: a Slurm job's do not)."""
+    attempts = repeats.repeat_attempts(ordered, runner.by_id, select, rounds)
+    if together_here(policy, runner.backend):
+        runner.run_together(repeats.by_round(attempts, runner.by_id))
+    else:
+        runner.run(attempts)
+
+
 def _confirm(runner: Runner, ordered: Sequence[Cell], select: repeats.Selection, why: Mapping[str, Mapping[str, str]],
-             rounds: range, because: str) -> None:
+             rounds: range, because: str, policy: Policy) -> None:
     """Interleaved rounds of the selected tests, after saying which metrics of which cells need them and why."""
     runner.console.say(f"confirm: {len(rounds)} more interleaved run(s) of {repeats.listed(select)}, because {because}:")
     for cell_id, metrics in sorted(why.items()):
         for key, reason in sorted(metrics.items()):
             runner.console.say(f"  {cell_id} {key}: {reason}")
-    runner.run(repeats.repeat_attempts(ordered, runner.by_id, select, rounds))
+    _repeat(runner, ordered, select, rounds, policy)
 
 
 def attempt_all(runner: Runner, cells: Sequence[Cell], policy: Policy, *, rollback: bool) -> None:
@@ -170,19 +181,24 @@ def attempt_all(runner: Runner, cells: Sequence[Cell], policy: Policy, *, rollba
             finished = results.read(runner.ctx.run_dir)
     if pairs and policy.repeats > 1:
         select = repeats.repeat_selection(pairs, finished, policy)
+        planned = policy.repeat_rounds()
         if select:
-            say(f"repeats: {policy.repeats - 1} more interleaved run(s) of the performance-gated tests "
-                f"({repeats.listed(select)})")
-        runner.run(repeats.repeat_attempts(ordered, by_id, select, range(1, policy.repeats)))
+            together = together_here(policy, runner.backend)
+            say(f"repeats: {len(planned)} more interleaved run(s) of the performance-gated tests "
+                f"({repeats.listed(select)})" + (", each pair's runs at the same time" if together else ""))
+            if policy.concurrent and not together:
+                say("  pairing = \"concurrent\": Slurm jobs run on their own nodes, so the pairs run one after "
+                    "the other (and are compared without the main runs, as the policy asks)")
+        _repeat(runner, ordered, select, planned, policy)
     replaced: dict[str, int] = {}  # candidate id -> rounds made to replace runs taken under interference
     made = _quiet_runs(runner, ordered, pairs, policy, replaced, policy.pressure_reruns)
     finished = results.read(runner.ctx.run_dir)
     if pairs and policy.confirm_repeats > policy.repeats:
         select, why = repeats.unsettled(pairs, by_id, finished, policy)
         if select:
-            first = policy.repeats + made  # (the same rounds again on --resume: those recorded are kept)
+            first = policy.repeat_rounds().stop + made  # (the same rounds again on --resume: those recorded are kept)
             _confirm(runner, ordered, select, why, range(first, first + policy.confirm_repeats - policy.repeats),
-                     "the runs so far cannot settle")
+                     "the runs so far cannot settle", policy)
             made += _quiet_runs(runner, ordered, pairs, policy, replaced, policy.pressure_reruns - made)
     if pairs and policy.confirm_repeats > 1:
         # a metric that a run pair standing apart holds undecided, or pushes into a regression, runs to the
@@ -193,7 +209,7 @@ def attempt_all(runner: Runner, cells: Sequence[Cell], policy: Policy, *, rollba
         if select:
             first = repeats.next_round(finished)
             _confirm(runner, ordered, select, why, range(first, first + rounds),
-                     "a run pair stands apart from the rest and the sign test needs more pairs to leave it out")
+                     "a run pair stands apart from the rest and the sign test needs more pairs to leave it out", policy)
             _quiet_runs(runner, ordered, pairs, policy, replaced, policy.pressure_reruns - made)
     if rollback:  # production reads what each candidate that ran its suite wrote
         runner.run(repeats.rollbacks(ordered, by_id, results.read(runner.ctx.run_dir)))

@@ -83,7 +83,8 @@ def to_json(report: RunReport, exit_code: int) -> dict[str, Any]:
              "change": _num(c.comparison.change), "ci_low": _num(c.comparison.low), "ci_high": _num(c.comparison.high),
              "tolerance": c.comparison.tolerance, "outcome": c.comparison.outcome.value, "gated": c.gated,
              "method": c.comparison.method, **({"statistic": c.comparison.statistic, "pairs": c.comparison.pairs,
-                                                "apart": c.comparison.apart, "noise": _num(c.comparison.noise)}
+                                                "apart": c.comparison.apart, "noise": _num(c.comparison.noise),
+                                                "pairing": "concurrent" if c.comparison.together else "sequential"}
                                                if c.comparison.method == "paired" else {})}
             for c in ev.comparisons
         ],

@@ -319,7 +319,8 @@ class DockerBackend:
         specs = [ContainerSpec(name=f"sg-{exe.tag}-{c.label}-node{c.node}", image=handle.ref,
                                command=(python, "-c", NODE_INIT, str(inside.OUT / r), "--", *c.argv),
                                env={**c.env, **({"PYTHONPATH": str(inside.PREFIX)} if prefix else {})}, mounts=tuple(mounts), hostname=f"node{c.node}",
-                               gpu=exe.cell.device == "cuda", user=f"{os.getuid()}:{os.getgid()}", workdir=str(c.cwd))
+                               gpu=exe.cell.device == "cuda", user=f"{os.getuid()}:{os.getgid()}", workdir=str(c.cwd),
+                               cpus=exe.cpus)
                  for c, r in zip(commands, reports, strict=True)]
         ran = self.engine.run_group(specs, network=f"sg-{exe.tag}-{label}",
                                     timeout_s=max(deadline - time.monotonic(), 1), on_line=exe.on_line)

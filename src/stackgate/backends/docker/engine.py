@@ -32,6 +32,7 @@ class ContainerSpec:
     gpu: bool = False
     user: str | None = None
     workdir: str | None = None
+    cpus: tuple[int, ...] = ()  # the host CPUs it may run on (a concurrent pair's share); () = any
 
 
 @dataclass(frozen=True)
@@ -329,6 +330,8 @@ def container_kwargs(spec: ContainerSpec, network: str | None) -> dict[str, Any]
     }
     if spec.workdir:
         kwargs["working_dir"] = spec.workdir
+    if spec.cpus:
+        kwargs["cpuset_cpus"] = ",".join(str(c) for c in spec.cpus)
     if network:
         kwargs["network"] = network
     if spec.gpu:
