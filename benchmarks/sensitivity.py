@@ -38,6 +38,7 @@ all_tests = true
 
 [performance]
 repeats = {repeats}
+pairing = "{pairing}"
 
 [[performance.metric]]
 name = "workload.step_time"
@@ -183,6 +184,9 @@ def main() -> int:
     ap.add_argument("--hog-plants", default="", metavar="PLANTS",
                     help="also run these planted changes beside the hog (--hog loops, default 2), interleaved "
                          "with the quiet --plants, at the same settings")
+    ap.add_argument("--pairing", choices=("sequential", "concurrent"), default="sequential",
+                    help="the policy's [performance] pairing: each pair's runs one after the other (default) or "
+                         "at the same time on shares of the CPUs (calibrate too)")
     ap.add_argument("--measure", type=float, default=3.0,
                     help="seconds each run of the workload steps for (default 3; 0: its minimum, 300 steps)")
     args = ap.parse_args()
@@ -191,12 +195,13 @@ def main() -> int:
     shutil.copytree(HERE / "sensitivity_suite", suite)
     tags = 'tags = { clock = "cpu" }' if args.clock == "cpu" else ""
     policy = suite / "stackgate-policy.toml"
-    policy.write_text(POLICY.format(repeats=args.repeats, tolerance=args.tolerance, summary=args.summary, tags=tags))
+    policy.write_text(POLICY.format(repeats=args.repeats, tolerance=args.tolerance, summary=args.summary, tags=tags,
+                                    pairing=args.pairing))
     if args.calibrate:
         args.tolerance, args.repeats, args.confirm_repeats = calibrated(work / "reports", suite, args.calibrate,
                                                                         args.measure)
         policy.write_text(POLICY.format(repeats=args.repeats, tolerance=args.tolerance, summary=args.summary,
-                                        tags=tags))
+                                        tags=tags, pairing=args.pairing))
     # (planted change, busy loops) per condition: --plants under --hog, or quiet with --hog-plants beside them
     hog_plants = [float(p) for p in args.hog_plants.split(",")] if args.hog_plants else []
     loops = args.hog or 2
@@ -210,7 +215,8 @@ def main() -> int:
             print(f"trial {index} planted {planted:+.0%}{f' beside {hog} busy loops' if hog else ''}: "
                   f"{rows[planted, hog][-1]}", flush=True)
     confirm = f", confirm_repeats {args.confirm_repeats}" if args.confirm_repeats else ""
-    print(f"\nrepeats {args.repeats}{confirm}, tolerance {args.tolerance:.1%}, summary {args.summary}, clock {args.clock}, "
+    print(f"\npairing {args.pairing}, repeats {args.repeats}{confirm}, tolerance {args.tolerance:.1%}, "
+          f"summary {args.summary}, clock {args.clock}, "
           f"{args.measure:g} s of steps per run, {args.trials} trials per planted change")
     for hog in sorted({h for _, h in conditions}):
         print("quiet" if not hog else f"{hog} busy loops switched on and off during each trial")
