@@ -56,6 +56,8 @@ def load(opts: Options, env: Mapping[str, str], local: fleet.LocalHost) -> Loade
         policy = replace(policy, repeats=opts.repeats)
     if opts.confirm_repeats is not None:
         policy = replace(policy, confirm_repeats=opts.confirm_repeats)
+    if opts.pairing is not None:
+        policy = replace(policy, pairing=opts.pairing)
     if opts.vuln_db is not None:
         policy = replace(policy, supply=replace(policy.supply, database=opts.vuln_db))
     if policy.supply.database is not None:

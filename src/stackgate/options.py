@@ -18,6 +18,7 @@ from typing import Literal, NamedTuple, TypeVar, cast, get_args
 
 from stackgate import artifacts, shipped, tomlfile
 from stackgate.errors import ConfigError
+from stackgate.policy import PAIRINGS, Pairing
 from stackgate.sources import DEBIAN_MIRROR
 
 T = TypeVar("T")
@@ -90,8 +91,13 @@ def _profile(v: object) -> ProfileName:
     return cast(ProfileName, _one_of(v, get_args(ProfileName)))
 
 
+def _pairing(v: object) -> Pairing:
+    return cast(Pairing, _one_of(v, PAIRINGS))
+
+
 CHOICES: dict[Callable[[object], object], tuple[str, ...]] = {
-    _backend: get_args(BackendName), _launcher: get_args(LauncherName), _profile: get_args(ProfileName)}
+    _backend: get_args(BackendName), _launcher: get_args(LauncherName), _profile: get_args(ProfileName),
+    _pairing: PAIRINGS}
 
 
 MAX_TIMEOUT_S = 7 * 24 * 3600.0
@@ -220,6 +226,10 @@ class Options:
                                                     "interleaved, until N runs in all, then decide; 1 = never "
                                                     "(default: the policy's [performance] confirm_repeats)",
                                       commands=RUN_MERGE, metavar="N")
+    pairing: Pairing | None = opt(None, _pairing, "how each pair of the repeats is taken: sequential (one run after "
+                                                   "the other) or concurrent (both at once, each stack on its own "
+                                                   "share of the CPUs) (default: the policy's [performance] pairing)",
+                                  commands=RUN_MERGE)
     reports: Path = opt(Path("reports"), _path, "reports directory", commands=(*RUN_MERGE, "build", "promote"))
     run_id: str | None = opt(None, str, "run id (default: time, matrix and a random suffix)", commands=RUN_MERGE)
     resume: str | None = opt(None, str, "continue a run; finished cells are skipped", metavar="RUN_ID")

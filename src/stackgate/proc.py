@@ -91,6 +91,9 @@ class CappedLog:
 
 _LIVE: set[subprocess.Popen[str]] = set()  # every process group started by `run` and not yet reaped
 _LIVE_LOCK = threading.Lock()
+# set while an interrupt unwinds attempts made beside the main thread (pairs taken at the same time):
+# their processes are stopped (`stop_all`), their containers removed, and they record nothing
+STOPPING = threading.Event()
 
 
 @dataclass(frozen=True)

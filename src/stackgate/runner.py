@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from stackgate import pressure, resolve, results
+from stackgate import pressure, proc, resolve, results
 from stackgate.backends.base import Backend, EnvHandle, Execution, PrepareFailed
 from stackgate.console import Console, Printer
 from stackgate.errors import InfraError
@@ -186,9 +186,17 @@ class Runner:
             shares = [shares[fixed.index(i)] for i in range(len(todo))]
             self.console.say("together: " + ", ".join(f"{a.result_id} on CPU(s) {','.join(map(str, s))}"
                                                       for (a, _), s in zip(todo, shares, strict=True)))
-            with ThreadPoolExecutor(len(todo), thread_name_prefix="pair") as pool:
-                running = [pool.submit(self.attempt, a, h, cpus=s) for (a, h), s in zip(todo, shares, strict=True)]
+            pool = ThreadPoolExecutor(len(todo), thread_name_prefix="pair")
+            running = [pool.submit(self.attempt, a, h, cpus=s) for (a, h), s in zip(todo, shares, strict=True)]
+            try:
                 made += [done.result() for done in running]
+            except BaseException:  # Ctrl-C, SIGTERM: the other threads' processes and containers stop too
+                proc.STOPPING.set()
+                proc.stop_all()
+                raise
+            finally:
+                pool.shutdown(wait=True)
+                proc.STOPPING.clear()
         return made
 
     def attempt(self, attempt: Attempt, handle: Handle | None = None, *, step: str = "",
@@ -200,6 +208,8 @@ class Runner:
             os.sched_setaffinity(0, cpus)  # this thread only: what it starts inherits it
         with self.console.step(step or f"run {attempt.result_id}"):
             result = self._execute(attempt.cell, handle, replace(self.context(attempt), cpus=cpus))
+        if proc.STOPPING.is_set():  # interrupted beside the main thread: what it saw is not a result
+            raise KeyboardInterrupt
         with self._recording:
             results.append(self.ctx.run_dir, result)
         return result

@@ -195,3 +195,59 @@ def test_a_comparison_of_concurrent_pairs_describes_them() -> None:
     assert "over 5 interleaved runs" in cmp.describe("ms")
     from dataclasses import replace
     assert "over 5 pairs of runs taken at the same time" in replace(cmp, together=True).describe("ms")
+
+
+@TWO_CPUS
+def test_the_pairing_option_overrides_the_policy(no_subprocesses: MemoryBackend, run_memory: RunMemory,
+                                                 tmp_path: Path) -> None:
+    script = _Timed(factor=1.0)
+    no_subprocesses.script = script
+    _, report, _ = run_memory(policy=str(_policy(tmp_path, "sequential")), pairing="concurrent", rollback=False)
+    assert _gated(report)["pairing"] == "concurrent"
+    assert any(s["exe_cpus"] for s in script.seen if s["phase"].kind.value == "repeat")
+
+
+@TWO_CPUS
+def test_an_interrupt_stops_both_runs_of_a_concurrent_pair_and_records_neither(
+        no_subprocesses: MemoryBackend, tmp_path: Path) -> None:
+    """Ctrl-C (or a CI's SIGTERM) reaches the main thread only: the runs of the pair in flight, in their own
+    threads, are stopped too (their real processes ended, not waited for), record nothing (a resumed run
+    makes them again), and the report of what finished is written."""
+    import signal
+    import threading
+
+    from stackgate import proc
+    from stackgate.commands.run import run as run_command
+    from stackgate.errors import Interrupted
+
+    from .conftest import memory_options, on_memory
+
+    started = threading.Event()
+    timed = _Timed(factor=1.0)
+
+    def script(command: NodeCommand, exe: Execution) -> NodeExit:
+        if command.env["STACKGATE_PHASE"] == "repeat1":
+            started.set()
+            proc.run(["sleep", "30"], timeout_s=60)  # a real process group, as the venv backend starts
+        return timed(command, exe)
+
+    def interrupt() -> None:
+        started.wait(10)
+        time.sleep(0.3)
+        os.kill(os.getpid(), signal.SIGUSR1)
+
+    no_subprocesses.script = script
+    previous = signal.signal(signal.SIGUSR1, lambda signum, _f: (_ for _ in ()).throw(Interrupted(signal.SIGTERM)))
+    threading.Thread(target=interrupt, daemon=True).start()
+    begin = time.monotonic()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run_command(memory_options(tmp_path, policy=str(_policy(tmp_path)), rollback=False), {}, lambda _: None,
+                        machinery=on_memory(no_subprocesses))
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    assert time.monotonic() - begin < 20  # not the 30 s sleeps
+    recorded = (tmp_path / "r" / "mem" / "results.jsonl").read_text()
+    assert '"cell_id": "' in recorded and "@repeat1" not in recorded
+    assert (tmp_path / "r" / "mem" / "report.json").exists()
+    assert not proc.STOPPING.is_set()

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from stackgate import proc
 from stackgate.console import Printer
 from stackgate.errors import InfraError
 
@@ -350,6 +351,8 @@ def _wait_all(containers: Sequence[Any], timeout_s: float) -> bool:
     deadline = time.monotonic() + timeout_s
     pending = list(containers)
     while pending:
+        if proc.STOPPING.is_set():  # an interrupt on the main thread (this one runs one of a concurrent pair)
+            raise KeyboardInterrupt
         for c in list(pending):
             c.reload()
             if c.status in ("exited", "dead"):
