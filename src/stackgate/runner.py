@@ -148,33 +148,36 @@ class Runner:
         return handle
 
     def run(self, attempts: Iterable[Attempt], *, say_skipped: bool = False) -> None:
-        """Each attempt that is not recorded yet: a resumed run keeps what it finished and retries what
-        the machinery failed. A stack without an environment is recorded once, by its main run; the
-        attempts after it are not made."""
+        """Each attempt that is to be made (`_to_make`), one after the other."""
         recorded = results.read(self.ctx.run_dir)
         for attempt in attempts:
-            earlier = results.kept(recorded, attempt.result_id)
-            if earlier is not None:
-                if say_skipped:
-                    self.console.say(f"skip {attempt.result_id}: finished in the resumed run ({earlier.status.value})")
-                continue
-            handle = self.environment(attempt.cell)
-            if attempt.phase != MAIN and not isinstance(handle, EnvHandle):
-                continue
-            self.attempt(attempt, handle)
+            handle = self._to_make(attempt, recorded, say_skipped)
+            if handle is not None:
+                self.attempt(attempt, handle)
+
+    def _to_make(self, attempt: Attempt, recorded: Mapping[str, CellResult], say_skipped: bool = False) -> Handle | None:
+        """The attempt's environment if it is to be made: it is not recorded yet (a resumed run keeps what
+        it finished and retries what the machinery failed), and its stack has an environment (a stack
+        without one is recorded once, by its main run; the attempts after it are not made). Else None."""
+        earlier = results.kept(recorded, attempt.result_id)
+        if earlier is not None:
+            if say_skipped:
+                self.console.say(f"skip {attempt.result_id}: finished in the resumed run ({earlier.status.value})")
+            return None
+        handle = self.environment(attempt.cell)
+        return None if attempt.phase != MAIN and not isinstance(handle, EnvHandle) else handle
 
     def run_together(self, groups: Iterable[Sequence[Attempt]], *, turn: int | None = None) -> list[CellResult]:
-        """Each group's attempts (a round of one production cell and its candidates) at the same time,
-        each on its own share of this runner's CPUs, the shares turned by one each round (so no stack
-        keeps the faster cores): duet benchmarking, for pairing = "concurrent". What a resumed run
-        finished is kept, as `run` keeps it; a group that cannot be split (fewer CPUs than attempts, one
-        attempt left, or a GPU cell: both stacks would share the device) runs one attempt after the other. `turn`: the shares' turn for every group
-        (default: each group's round). Returns the results made."""
+        """Each group's attempts to be made (`_to_make`; a round of one production cell and its
+        candidates) at the same time, each on its own share of this runner's CPUs, the shares turned by
+        one each round, `turn` (default: the group's round), so that no stack keeps the faster cores:
+        duet benchmarking, for pairing = "concurrent". A group that cannot be split (fewer CPUs than
+        attempts, one attempt left, or a GPU cell: both stacks would share the device) runs one attempt
+        after the other. Returns the results made."""
         recorded = results.read(self.ctx.run_dir)
         made: list[CellResult] = []
         for group in groups:
-            todo = [(a, h) for a in group if results.kept(recorded, a.result_id) is None
-                    and isinstance(h := self.environment(a.cell), EnvHandle)]
+            todo = [(a, h) for a in group if (h := self._to_make(a, recorded)) is not None]
             shares = cpu_shares(len(todo), turn if turn is not None else todo[0][0].phase.round if todo else 0)
             if len(todo) < 2 or not shares or any(a.cell.device != "cpu" for a, _ in todo):
                 made += [self.attempt(attempt, handle) for attempt, handle in todo]
