@@ -8,7 +8,10 @@ back, then for a tenth of the time (the kernel, then a sleep: the cost a gauge b
 afford). For windows of 0.5, 2 and 5 s it prints how far the workload's best step moved, how closely the
 reference followed it (correlation of the logs), and the spread of adjacent windows' log ratios (a
 pair of runs, as the gate pairs them) raw and divided by the reference's: a gauge worth gating by would
-cut the second well below the first. A benchmark: it prints figures and asserts nothing.
+cut the second well below the first. Then the workload twice at once, one process pinned to each of two
+CPUs (`twin`): how closely their best steps follow each other, the spread of their log ratio (a pair
+taken at the same time, as `pairing = "concurrent"` takes it) against that of adjacent windows of one
+process (a pair taken one after the other). A benchmark: it prints figures and asserts nothing.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import statistics
 import subprocess
 import sys
@@ -92,6 +96,42 @@ def measure(python: str, seconds: float, pause: float, folder: Path) -> None:
               f"{statistics.stdev(raw):16.2%} {statistics.stdev(norm):12.2%}")
 
 
+def twin(python: str, seconds: float, folder: Path) -> None:
+    """The workload in two processes at once, one pinned to each of the first two CPUs: how far do their
+    windows' best steps move together (what a pair of runs taken at the same time, pairing =
+    "concurrent", would see), against adjacent windows of one process (a pair taken one after the
+    other)?"""
+    cpus = sorted(os.sched_getaffinity(0))[:2]
+    if len(cpus) < 2:
+        print("\ntwin: needs two CPUs")
+        return
+    outs = [folder / f"twin{c}.json" for c in cpus]
+    procs = [subprocess.Popen(["taskset", "-c", str(c), python, "-c", WORK, str(seconds), str(o)])
+             for c, o in zip(cpus, outs, strict=True)]
+    for proc in procs:
+        proc.wait()
+    a, b = (json.loads(o.read_text()) for o in outs)
+    start, end = max(a[0][0], b[0][0]) + 1, min(a[-1][0], b[-1][0])
+    print(f"\ntwin: the workload on CPU {cpus[0]} and on CPU {cpus[1]} at once, {len(a)} and {len(b)} steps")
+    print(f"{'window':>7} {'best step moved':>16} {'correlation':>12} {'together, rms':>14} {'(core bias)':>12} "
+          f"{'one after the other, rms':>25}")
+    for width in (0.5, 3.0, 5.0):
+        wa = [math.log(x) for x in windows(a, start, end, width, best=True)]
+        wb = [math.log(x) for x in windows(b, start, end, width, best=True)]
+        n = min(len(wa), len(wb))
+        wa, wb = wa[:n], wb[:n]
+        if n < 6:
+            continue
+        together = [x - y for x, y in zip(wa, wb, strict=True)]
+        apart = [wa[i + 1] - wa[i] for i in range(0, n - 1, 2)] + [wb[i + 1] - wb[i] for i in range(0, n - 1, 2)]
+
+        def rms(v: list[float]) -> float:
+            return math.sqrt(math.fsum(x * x for x in v) / len(v))
+
+        print(f"{width:6.1f}s {math.exp(max(wa) - min(wa)) - 1:15.0%} {statistics.correlation(wa, wb):12.2f} "
+              f"{rms(together):14.2%} {statistics.fmean(together):+12.2%} {rms(apart):25.2%}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=float, default=60)
@@ -100,6 +140,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as folder:
         measure(args.python, args.seconds, 0.0, Path(folder))
         measure(args.python, args.seconds, 9.0, Path(folder))  # sleep 9x the call: a tenth of a core
+        twin(args.python, args.seconds, Path(folder))
     started = time.strftime("%Y-%m-%d %H:%M")
     print(f"\n(measured {started}; the machine's noise changes over minutes: compare runs of one session)")
     return 0

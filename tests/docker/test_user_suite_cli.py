@@ -67,3 +67,70 @@ def test_a_monorepo_suite_with_its_own_package_in_both_images(engine: object, tm
     assert "building image" not in again.stdout and "building a wheel" not in again.stdout
     cells = check_green_in_both_stacks(tmp_path / "reports" / "again" / "report.json")
     assert all(c["environment"]["env_reused"] for c in cells)
+
+
+TIMED_SUITE = '''import json, os, time
+
+import torch
+
+
+def test_timed_step() -> None:
+    torch.set_num_threads(1)
+    a = torch.randn(64, 64)
+    steps, cpu = [], []
+    for _ in range(200):
+        start = time.process_time()
+        x = a
+        for _ in range(50):
+            x = torch.tanh(x @ a)
+        cpu.append((time.process_time() - start) * 1000)
+    with open(os.environ["STACKGATE_RESULTS"], "a") as fh:
+        node = os.environ["PYTEST_CURRENT_TEST"].rsplit(" (", 1)[0]
+        fh.write(json.dumps({"name": "work.step_time", "unit": "ms", "samples": cpu, "better": "lower",
+                             "tags": {"clock": "cpu"}, "nodeid": node}) + "\\n")
+        fh.write(json.dumps({"name": "work.cpus", "unit": "", "samples": sorted(os.sched_getaffinity(0)),
+                             "better": "equal", "nodeid": node}) + "\\n")
+'''
+TIMED_POLICY = '''[performance]
+repeats = 3
+confirm_repeats = 3
+pairing = "concurrent"
+
+[[performance.metric]]
+name = "work.step_time"
+tags = { clock = "cpu" }
+summary = "best"
+tolerance = 0.5
+'''
+
+
+def test_concurrent_pairs_run_in_containers_each_on_its_own_cpus(engine: object, tmp_path: Path) -> None:
+    """#22's pairing = "concurrent" on the Docker backend: each round's production and candidate
+    containers run at the same time, each given its share of the host's CPUs as its cpuset, which is
+    what the suite inside sees; the gated comparison is over those pairs alone."""
+    import os
+
+    import pytest
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs two CPUs to split")
+    (tmp_path / "timed").mkdir()
+    (tmp_path / "timed" / "test_timed.py").write_text(TIMED_SUITE)
+    (tmp_path / "timed" / "stackgate-policy.toml").write_text(TIMED_POLICY)
+    shutil.copy(ROOT / "benchmarks" / "sensitivity-matrix.toml", tmp_path / "same-stack.toml")
+    done = _stackgate(tmp_path, "--suite", "timed", "--matrix", "same-stack.toml", "--backend", "docker",
+                      "--no-platform-checks", "--no-rollback", "--run-id", "duet")
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    assert "together: " in done.stdout
+    report = json.loads((tmp_path / "reports" / "duet" / "report.json").read_text())
+    (gated,) = [c for c in report["comparisons"] if c["metric"].startswith("work.step_time")]
+    assert gated["pairing"] == "concurrent" and gated["pairs"] == 3
+    rows = [json.loads(line) for line in (tmp_path / "reports" / "duet" / "results.jsonl").read_text().splitlines()]
+    repeats = [r for r in rows if r["phase"].startswith("repeat")]
+    assert len(repeats) == 6
+    for r in repeats:
+        seen = next(m["samples"] for m in r["metrics"] if m["name"] == "work.cpus")
+        assert r["environment"]["backend"] == "docker" and seen == r["environment"]["cpus"]  # the container's cpuset
+    for n in (1, 2, 3):
+        prod, cand = (next(r for r in repeats if r["phase"] == f"repeat{n}" and r["role"] == role)
+                      for role in ("production", "candidate"))
+        assert not set(prod["environment"]["cpus"]) & set(cand["environment"]["cpus"])
