@@ -71,6 +71,21 @@ def windows(series: list[tuple[float, float]], start: float, end: float, width: 
     return out
 
 
+def log_windows(first: list[tuple[float, float]], second: list[tuple[float, float]], span: tuple[float, float],
+                width: float, second_best: bool) -> tuple[list[float], list[float]] | None:
+    """Both series' windows over the same span, as logs (the first's best step; the second's best step or
+    median call), cut to the same length; None when fewer than 6 windows."""
+    one = [math.log(x) for x in windows(first, *span, width, best=True)]
+    two = [math.log(x) for x in windows(second, *span, width, best=second_best)]
+    n = min(len(one), len(two))
+    return (one[:n], two[:n]) if n >= 6 else None
+
+
+def adjacent(logs: list[float]) -> list[float]:
+    """Windows 0 and 1, 2 and 3, ...: as a pair of runs taken one after the other, their log ratios."""
+    return [logs[i + 1] - logs[i] for i in range(0, len(logs) - 1, 2)]
+
+
 def measure(python: str, seconds: float, pause: float, folder: Path) -> None:
     work, ref = folder / "work.json", folder / "ref.json"
     procs = [subprocess.Popen([python, "-c", WORK, str(seconds), str(work)]),
@@ -84,13 +99,11 @@ def measure(python: str, seconds: float, pause: float, folder: Path) -> None:
           f"{duty:.0%} of a core; workload {len(w)} steps")
     print(f"{'window':>7} {'best step moved':>16} {'correlation':>12} {'pair spread raw':>16} {'/ reference':>12}")
     for width in (0.5, 2.0, 5.0):
-        ww = [math.log(x) for x in windows(w, start, end, width, best=True)]
-        rr = [math.log(x) for x in windows(r, start, end, width, best=False)]
-        n = min(len(ww), len(rr))
-        ww, rr = ww[:n], rr[:n]
-        if n < 6:
+        found = log_windows(w, r, (start, end), width, second_best=False)
+        if found is None:
             continue
-        raw = [ww[i + 1] - ww[i] for i in range(0, n - 1, 2)]
+        ww, rr = found
+        raw = adjacent(ww)
         norm = [raw[k] - (rr[2 * k + 1] - rr[2 * k]) for k in range(len(raw))]
         print(f"{width:6.1f}s {math.exp(max(ww) - min(ww)) - 1:15.0%} {statistics.correlation(ww, rr):12.2f} "
               f"{statistics.stdev(raw):16.2%} {statistics.stdev(norm):12.2%}")
@@ -116,14 +129,12 @@ def twin(python: str, seconds: float, folder: Path) -> None:
     print(f"{'window':>7} {'best step moved':>16} {'correlation':>12} {'together, rms':>14} {'(core bias)':>12} "
           f"{'one after the other, rms':>25}")
     for width in (0.5, 3.0, 5.0):
-        wa = [math.log(x) for x in windows(a, start, end, width, best=True)]
-        wb = [math.log(x) for x in windows(b, start, end, width, best=True)]
-        n = min(len(wa), len(wb))
-        wa, wb = wa[:n], wb[:n]
-        if n < 6:
+        found = log_windows(a, b, (start, end), width, second_best=True)
+        if found is None:
             continue
+        wa, wb = found
         together = [x - y for x, y in zip(wa, wb, strict=True)]
-        apart = [wa[i + 1] - wa[i] for i in range(0, n - 1, 2)] + [wb[i + 1] - wb[i] for i in range(0, n - 1, 2)]
+        apart = adjacent(wa) + adjacent(wb)
 
         def rms(v: list[float]) -> float:
             return math.sqrt(math.fsum(x * x for x in v) / len(v))
