@@ -227,6 +227,7 @@ def load_policy(path: Path) -> Policy:
         ))
     supply, allowed = _supply(doc, path)
     confidence = _in_range(doc, perf, "confidence", 0.5, 0.9999, "performance", default=0.95)
+    pairing = _choice(doc, perf, "pairing", PAIRINGS, "sequential", "performance")
     exit_code = int(_in_range(doc, gate, "inconclusive_exit_code", 0, 1, "gate", default=1, kind=int))
     return Policy(
         path=path,
@@ -248,7 +249,7 @@ def load_policy(path: Path) -> Policy:
         confirm_repeats=int(_in_range(doc, perf, "confirm_repeats", 1, 100, "performance", default=5, kind=int)),
         max_pressure=_in_range(doc, perf, "max_pressure", 0.0, 1.0, "performance", default=MAX_PRESSURE),
         pressure_reruns=int(_in_range(doc, perf, "pressure_reruns", 0, 20, "performance", default=3, kind=int)),
-        pairing=next(p for p in PAIRINGS if p == _choice(doc, perf, "pairing", PAIRINGS, "sequential", "performance")),
+        pairing=next(p for p in PAIRINGS if p == pairing),
         performance=tuple(rules),
         numerics=tuple(numerics),
         waivers=tuple(waivers) + allowed,

@@ -96,7 +96,7 @@ def calibrate(opts: Options, env: Mapping[str, str], *, runs: int, target: float
                                                 **({"recommended_confirm_repeats": r.confirm} if r.confirms else {}),
                                                 "pairs_disturbed": dropped,
                                                 **({"run_s": run_s, **_seconds(r, run_s, together)} if run_s else {}),
-                                                "pairing": loaded.policy.pairing if together else "sequential"}
+                                                "pairing": "concurrent" if together else "sequential"}
                                                for n, r, _ in rows]
     finally:
         backend.close()
