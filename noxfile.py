@@ -48,10 +48,11 @@ def selftest(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
-    """The harness's tests: unit tier, then the real torch tier (builds a torch venv on first use)."""
+    """The harness's tests, every tier (`-- --fast`: the unit tier and its property tests, for the edit-test loop)."""
     session.install("-e", ".")
-    # each file's time as it ends, and the slowest tests at the end: so growth shows, even in a run cut short
-    session.run("pytest", *(session.posargs or ["tests", "-o", "console_output_style=times", "--durations=25"]))
+    # each file's time as it ends; at the end each tier's time, the files over budget (tests/budgets.toml)
+    # and the 15 slowest tests: so growth shows, even in a run cut short
+    session.run("pytest", *(session.posargs or ["tests", "-o", "console_output_style=times", "--durations=15"]))
 
 
 @nox.session(python=PYTHON)

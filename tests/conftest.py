@@ -5,13 +5,17 @@ from pathlib import Path
 
 import pytest
 
+from tests.budgets import pytest_addoption, pytest_runtest_logreport, pytest_terminal_summary, select_fast
+
+__all__ = ["pytest_addoption", "pytest_runtest_logreport", "pytest_terminal_summary"]  # the budgets plugin's hooks
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "integration_tests"))  # pure helpers (busbw, nccl_log) are tested here too
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The tier is the directory: tests/torch -> `torch`, tests/docker -> `docker`, tests/slurm -> `slurm`
-    (select with -m)."""
+    (select with -m); `--fast` keeps the unit tier alone."""
+    select_fast(config, items)
     for item in items:
         path = Path(str(item.fspath))
         if not path.is_relative_to(ROOT / "tests"):

@@ -1,6 +1,6 @@
-"""Issue 8's acceptance for `--suite`, as a user types it: the real CLI, no flags but `--suite`, from a
-working directory of the user's (relative suite path, default reports/ and caches, the default
-backend: Docker, since an engine answers). A plain pytest suite that knows nothing of stackgate."""
+"""Issue 8's acceptance for `--suite`, as a user types it: the real CLI, from a working directory of the
+user's (relative suite path, default reports/ and caches, the default backend: Docker, since an engine
+answers). A plain pytest suite that knows nothing of stackgate."""
 
 from __future__ import annotations
 
@@ -23,50 +23,44 @@ def _stackgate(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
                           text=True, timeout=2400, check=False)
 
 
-def test_plain_suite_gives_go_then_no_go_naming_the_failing_test(engine: object, tmp_path: Path) -> None:
-    shutil.copytree(ROOT / "tests" / "data" / "plain_suite", tmp_path / "mysuite")
-    green = _stackgate(tmp_path, "--suite", "mysuite", "--run-id", "green")
+def test_a_users_suite_gives_go_then_no_go_naming_the_failing_test_and_reuses_its_images(engine: object,
+                                                                                          tmp_path: Path) -> None:
+    """Issues 8 and 14 with the Docker backend (the default), in one pair of runs as a user types them: a
+    monorepo's plain pytest suite (it imports the team's own package, given with --suite-install, and a
+    requirement from its requirements.txt) runs green in both images beside the platform checks; then a
+    test that only works on the production release is added and the rerun is NO-GO naming it alone,
+    with both images and their suite layers reused (nothing built)."""
+    from tests.torch.test_suite_requirements import MONOREPO, SUITE_TESTS, check_green_in_both_stacks
+    shutil.copytree(MONOREPO, tmp_path / "monorepo")
+    args = ("--suite", "monorepo/trainer_suite", "--suite-install", "monorepo/libs/recsys_kit")
+    green = _stackgate(tmp_path, *args, "--run-id", "green")
     assert green.returncode == 0, green.stdout[-4000:] + green.stderr[-2000:]
     assert "GO (gating verdict GO, exit 0)" in green.stdout
     assert "policy: default for a user suite" in green.stdout
-    report = json.loads((tmp_path / "reports" / "green" / "report.json").read_text())
-    assert report["decision"] == "GO"
-    for cell in report["cells"]:
+    cells = check_green_in_both_stacks(tmp_path / "reports" / "green" / "report.json")
+    for cell in cells:
         outcomes = {t["name"].rsplit("/", 1)[-1]: t["outcome"] for t in cell["tests"]}
         assert cell["environment"]["backend"] == "docker"
-        assert outcomes["test_model.py::test_linear_layer_trains"] == "passed"
-        assert outcomes["test_model.py::test_matmul_matches_numpy"] == "passed"
         assert outcomes["test_identity.py::test_torch_version"] == "passed"  # the platform checks ran beside it
-    rollback = report["rollback"][0]
+    rollback = json.loads((tmp_path / "reports" / "green" / "report.json").read_text())["rollback"][0]
     assert rollback["status"] == "skipped" and "no cross-version tests" in rollback["reason"]
 
-    with (tmp_path / "mysuite" / "test_model.py").open("a") as fh:
+    with (tmp_path / "monorepo" / "trainer_suite" / "test_recsys.py").open("a") as fh:
         fh.write(BREAKS_ON_UPGRADE)
-    red = _stackgate(tmp_path, "--suite", "mysuite", "--run-id", "red")
+    red = _stackgate(tmp_path, *args, "--no-platform-checks", "--run-id", "red")  # (the green run had them)
     assert red.returncode == 1, red.stdout[-4000:] + red.stderr[-2000:]
     assert "NO-GO (gating verdict NO-GO, exit 1)" in red.stdout
     why = red.stdout[red.stdout.index("why ("):]
-    assert "test_model.py::test_pinned_to_the_production_release" in why and "[failed-test]" in why
+    assert "test_recsys.py::test_pinned_to_the_production_release" in why and "[failed-test]" in why
+    assert "building image" not in red.stdout and "building a wheel" not in red.stdout
     report = json.loads((tmp_path / "reports" / "red" / "report.json").read_text())
     blocking = [r for r in report["reasons"] if r["severity"] == "blocking"]
-    assert [r["test"].rsplit("/", 1)[-1] for r in blocking] == ["test_model.py::test_pinned_to_the_production_release"]
-
-
-def test_a_monorepo_suite_with_its_own_package_in_both_images(engine: object, tmp_path: Path) -> None:
-    """Issue 14 with the Docker backend (the default): the suite's requirements and the team's package
-    go into the images from the host wheelhouse, in a layer after the stack; a rerun reuses both images."""
-    from tests.torch.test_suite_requirements import MONOREPO, check_green_in_both_stacks
-    shutil.copytree(MONOREPO, tmp_path / "monorepo")
-    args = ("--suite", "monorepo/trainer_suite", "--suite-install", "monorepo/libs/recsys_kit")
-    first = _stackgate(tmp_path, *args, "--run-id", "first")
-    assert first.returncode == 0, first.stdout[-4000:] + first.stderr[-2000:]
-    cells = check_green_in_both_stacks(tmp_path / "reports" / "first" / "report.json")
-    assert {c["environment"]["backend"] for c in cells} == {"docker"}
-    again = _stackgate(tmp_path, *args, "--run-id", "again")
-    assert again.returncode == 0, again.stdout[-4000:] + again.stderr[-2000:]
-    assert "building image" not in again.stdout and "building a wheel" not in again.stdout
-    cells = check_green_in_both_stacks(tmp_path / "reports" / "again" / "report.json")
-    assert all(c["environment"]["env_reused"] for c in cells)
+    assert [r["test"].rsplit("/", 1)[-1] for r in blocking] == ["test_recsys.py::test_pinned_to_the_production_release"]
+    ran = [c for c in report["cells"] if c["status"] != "not-run"]
+    assert len(ran) == 2 and all(c["environment"]["env_reused"] for c in ran)  # both images and suite layers
+    for cell in ran:
+        outcomes = {t["name"].rsplit("/", 1)[-1]: t["outcome"] for t in cell["tests"]}
+        assert {name: outcomes[name] for name in SUITE_TESTS} == dict.fromkeys(SUITE_TESTS, "passed")
 
 
 TIMED_SUITE = '''import json, os, time
@@ -95,6 +89,7 @@ TIMED_POLICY = '''[performance]
 repeats = 3
 confirm_repeats = 3
 pairing = "concurrent"
+max_pressure = 1.0  # (no round replaces a pair a busy CI machine disturbed: this test is about the cpusets)
 
 [[performance.metric]]
 name = "work.step_time"
@@ -123,14 +118,17 @@ def test_concurrent_pairs_run_in_containers_each_on_its_own_cpus(engine: object,
     assert "together: " in done.stdout
     report = json.loads((tmp_path / "reports" / "duet" / "report.json").read_text())
     (gated,) = [c for c in report["comparisons"] if c["metric"].startswith("work.step_time")]
-    assert gated["pairing"] == "concurrent" and gated["pairs"] == 3
     rows = [json.loads(line) for line in (tmp_path / "reports" / "duet" / "results.jsonl").read_text().splitlines()]
     repeats = [r for r in rows if r["phase"].startswith("repeat")]
-    assert len(repeats) == 6
+    rounds = sorted({int(r["phase"].removeprefix("repeat")) for r in repeats})
+    # the 3 repeats, or more where the gate confirmed (a pair standing apart asks for the sign test's 9):
+    # either way the comparison is over the pairs taken together alone, never the main runs
+    assert gated["pairing"] == "concurrent" and gated["pairs"] == len(rounds) >= 3, (gated, rounds)
+    assert rounds == list(range(1, len(rounds) + 1)) and len(repeats) == 2 * len(rounds)
     for r in repeats:
         seen = next(m["samples"] for m in r["metrics"] if m["name"] == "work.cpus")
         assert r["environment"]["backend"] == "docker" and seen == r["environment"]["cpus"]  # the container's cpuset
-    for n in (1, 2, 3):
+    for n in rounds:
         prod, cand = (next(r for r in repeats if r["phase"] == f"repeat{n}" and r["role"] == role)
                       for role in ("production", "candidate"))
         assert not set(prod["environment"]["cpus"]) & set(cand["environment"]["cpus"])

@@ -22,17 +22,19 @@ nodes = 1
 gpu_class = "none"
 nodes = 1
 """
+# production's stack as the candidate too: this test is about bundles, shards and the merge, so every
+# cell runs the small 2.13.0+cpu environment (an upgrade's two stacks: test_end_to_end.py)
 MATRIX = """[matrix]
 name = "fleet-test"
 channel = "stable"
 pools = ["cpu-a", "cpu-b"]
-torch = ["2.14.1"]
-cuda = ["cu130"]
+torch = ["2.13.0"]
+cuda = ["cpu"]
 python = ["3.11"]
 required = ["*"]
 
 [matrix.cpu]
-cuda = ["cu130"]
+cuda = ["cpu"]
 topology = ["1x2"]
 """
 
@@ -68,8 +70,8 @@ def test_pools_run_apart_merge_into_one_verdict(tmp_path: Path, cache_dir: Path)
                   "--reports", "rall", "--run-id", "all"))
     merged, single = _cells(tmp_path / "merged" / "ab"), _cells(tmp_path / "rall" / "all")
     assert merged == single and merged[0] == "GO"
-    assert set(merged[1]) == {"prod-cpu-a-cpu-cpu-torch2.13.0-py3.11-1x2", "cpu-a-cpu-cu130-torch2.14.1-py3.11-1x2",
-                              "prod-cpu-b-cpu-cpu-torch2.13.0-py3.11-1x2", "cpu-b-cpu-cu130-torch2.14.1-py3.11-1x2"}
+    assert set(merged[1]) == {"prod-cpu-a-cpu-cpu-torch2.13.0-py3.11-1x2", "cpu-a-cpu-cpu-torch2.13.0-py3.11-1x2",
+                              "prod-cpu-b-cpu-cpu-torch2.13.0-py3.11-1x2", "cpu-b-cpu-cpu-torch2.13.0-py3.11-1x2"}
     manifest = json.loads((tmp_path / "ra" / "a" / "run.json").read_text())
     assert manifest["selection"]["pools"] == "cpu-a" and manifest["definition_hash"]
 
@@ -81,10 +83,10 @@ def test_pools_run_apart_merge_into_one_verdict(tmp_path: Path, cache_dir: Path)
     assert _cells(tmp_path / "merged" / "shards") == single
 
     # a bundle of another candidate is refused, saying what differs
-    ok(_stackgate(tmp_path, *run, "--pool", "cpu-b", "--candidate", "2.13.0", "--only", "prod-*",
+    ok(_stackgate(tmp_path, *run, "--pool", "cpu-b", "--candidate", "2.14.1", "--only", "prod-*",
                   "--cache-dir", str(cache_dir), "--reports", "rc", "--run-id", "other"), 0, 1)
     mixed = _stackgate(tmp_path, "merge", "ra/a", "rc/other", "--out", "merged/mixed", *common)
-    assert mixed.returncode == 2 and "candidate: was '2.13.0', now '2.14.1'" in mixed.stderr, mixed.stderr
+    assert mixed.returncode == 2 and "candidate: was '2.14.1', now '2.13.0'" in mixed.stderr, mixed.stderr
     assert not (tmp_path / "merged" / "mixed").exists()
 
     # a pool nobody ran: INCONCLUSIVE, naming it

@@ -1,0 +1,124 @@
+"""Where the harness's own test time goes, printed at the end of every run: each tier's seconds, the
+files over their budget (tests/budgets.toml; named, never failed), and `--fast`, the inner loop (the
+unit tier with its property-based tests).
+
+A file's time is the wall time of its tests' setup, call and teardown: a session fixture (a venv, an
+image) counts in the first file that asks for it, as it does in CI."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+ROOT = Path(__file__).resolve().parents[1]
+BUDGETS = ROOT / "tests" / "budgets.toml"
+TIERS = ("unit", "torch", "docker", "registry", "slurm", "gpu")
+
+
+@dataclass(frozen=True)
+class Budgets:
+    total_s: float
+    tier_s: dict[str, float]
+    file_s: dict[str, float]
+
+    def of(self, path: str) -> float:
+        return self.file_s.get(path, self.tier_s.get(tier_of(path), self.tier_s.get("unit", 30.0)))
+
+
+def load_budgets(path: Path = BUDGETS) -> Budgets:
+    data = tomllib.loads(path.read_text())
+    return Budgets(float(data["total"]), {k: float(v) for k, v in data["tier"].items()},
+                   {k: float(v) for k, v in data.get("file", {}).items()})
+
+
+def tier_of(path: str) -> str:
+    parts = Path(path).parts
+    return parts[1] if len(parts) > 2 and parts[0] == "tests" else "other"
+
+
+@dataclass
+class Clock:
+    """Seconds per test file, and how many tests each ran."""
+
+    seconds: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    tests: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+
+    def add(self, report: pytest.TestReport) -> None:
+        path = report.nodeid.split("::", 1)[0]
+        self.seconds[path] += report.duration
+        if report.when == "call" or (report.when == "setup" and report.skipped):
+            self.tests[path] += 1
+
+    def by_tier(self) -> dict[str, tuple[int, int, float]]:
+        tiers: dict[str, tuple[int, int, float]] = {}
+        for path, took in self.seconds.items():
+            files, tests, seconds = tiers.get(tier_of(path), (0, 0, 0.0))
+            tiers[tier_of(path)] = (files + 1, tests + self.tests[path], seconds + took)
+        return tiers
+
+    def over(self, budgets: Budgets) -> list[tuple[str, float, float]]:
+        return sorted(((p, s, budgets.of(p)) for p, s in self.seconds.items() if s > budgets.of(p)),
+                      key=lambda row: row[1] - row[2], reverse=True)
+
+
+_CLOCK = Clock()  # one pytest run per process: the run's clock
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--fast", action="store_true",
+                     help="the inner loop: only the unit tier (fakes at our seams) and its property-based tests")
+
+
+def select_fast(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """`--fast`: every test outside tests/unit is deselected (and said so)."""
+    if not config.getoption("--fast"):
+        return
+    keep = [i for i in items if tier_of(Path(str(i.fspath)).relative_to(ROOT).as_posix()) == "unit"]
+    dropped = [i for i in items if i not in keep]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+    items[:] = keep
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    _CLOCK.add(report)
+
+
+def summary(budgets: Budgets) -> list[str]:
+    """The lines printed at the end of a run: each tier's time, then every file over its budget."""
+    rows = _CLOCK.by_tier()
+    lines = [f"{'tier':<9} {'files':>5} {'tests':>5} {'seconds':>8}"]
+    for tier in (*TIERS, *sorted(set(rows) - set(TIERS))):
+        if tier in rows:
+            files, tests, seconds = rows[tier]
+            lines.append(f"{tier:<9} {files:>5} {tests:>5} {seconds:>8.1f}")
+    lines.append(f"{'all':<9} {sum(f for f, _, _ in rows.values()):>5} {sum(t for _, t, _ in rows.values()):>5} "
+                 f"{sum(s for _, _, s in rows.values()):>8.1f}")
+    over = _CLOCK.over(budgets)
+    lines += [f"OVER BUDGET {path}: {seconds:.1f} s of {budget:.0f} s (tests/budgets.toml)"
+              for path, seconds, budget in over]
+    if not over:
+        lines.append("every test file within its budget (tests/budgets.toml)")
+    return lines
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if not _CLOCK.seconds:
+        return
+    lines = summary(load_budgets())
+    terminalreporter.section("test time by tier, and files over their budget (named, never failed)")
+    for line in lines:
+        terminalreporter.write_line(line)
+    out = os.environ.get("STACKGATE_TEST_TIMES")
+    if out:  # .ci/run prints it again beside its stage times
+        Path(out).write_text("\n".join(lines) + "\n")
