@@ -15,6 +15,7 @@ import random
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 # The bootstrap resamples at most this many samples per side: evenly spaced order statistics of all of
 # them (the smallest, the largest and every (n-1)/(k-1)-th between), so its cost is bounded whatever a
@@ -153,6 +154,56 @@ def _outcome(low: float, high: float, tolerance: float) -> Outcome:
     return Outcome.INCONCLUSIVE
 
 
+def bootstrap_changes(base: Sequence[float], cand: Sequence[float], *, better: str, resamples: int,
+                      seed: int) -> list[float]:
+    """The change of each of `resamples` bootstrap resamples (medians of draws with replacement from each
+    side), in resample order. The very draws `random.Random(seed)` makes with `choices` (numpy's
+    Mersenne Twister handed Python's state: the same stream, the same `floor(random() * n)`), each
+    resample's median and change in the same float arithmetic as `median` and `_change`: the same list
+    as the loop over `choices` (`bootstrap_changes_loop`; tests/unit/test_gate_stats.py checks they are
+    equal), 7-14 times faster here from 20 to 2000 samples a side."""
+    import numpy as np
+
+    b, c = np.asarray(base, dtype=np.float64), np.asarray(cand, dtype=np.float64)
+    if np.isnan(b).any() or np.isnan(c).any():  # NaN's place in a sort follows the input order: the loop's
+        return bootstrap_changes_loop(base, cand, better=better, resamples=resamples, seed=seed)
+    state = random.Random(seed).getstate()[1]
+    stream = np.random.RandomState()
+    stream.set_state(("MT19937", np.array(state[:624], dtype=np.uint32), int(state[624]), 0, 0.0))  # no cached gauss
+    nb, nc = len(b), len(c)
+    rows = max(1, _BOOTSTRAP_BLOCK // (nb + nc))  # resamples drawn at once: bounded memory
+    changes: list[float] = []
+    with np.errstate(all="ignore"):
+        for start in range(0, resamples, rows):
+            draws = stream.random_sample((min(rows, resamples - start), nb + nc))
+            bm = _row_medians(b[np.floor(draws[:, :nb] * float(nb)).astype(np.intp)])
+            cm = _row_medians(c[np.floor(draws[:, nb:] * float(nc)).astype(np.intp)])
+            ratio = cm / bm if better == "lower" else bm / cm
+            change = np.where((bm <= 0) | (cm <= 0), np.where(bm == cm, 0.0, np.inf), ratio - 1)
+            changes += change.tolist()
+    return changes
+
+
+_BOOTSTRAP_BLOCK = 1 << 20  # draws per block of resamples (8 MiB)
+
+
+def bootstrap_changes_loop(base: Sequence[float], cand: Sequence[float], *, better: str, resamples: int,
+                           seed: int) -> list[float]:
+    """`bootstrap_changes` one resample at a time, with `random.choices`: for samples holding NaN."""
+    rng = random.Random(seed)
+    return [_change(median(rng.choices(base, k=len(base))), median(rng.choices(cand, k=len(cand))), better)
+            for _ in range(resamples)]
+
+
+def _row_medians(rows: Any) -> Any:
+    """`median` of each row, its arithmetic (the two middle values halved, then added)."""
+    import numpy as np
+
+    ordered = np.sort(rows, axis=1)
+    mid = ordered.shape[1] // 2
+    return ordered[:, mid] if ordered.shape[1] % 2 else ordered[:, mid - 1] / 2 + ordered[:, mid] / 2
+
+
 def compare(base: Sequence[float], cand: Sequence[float], *, better: str, tolerance: float,
             confidence: float = 0.95, resamples: int = 2000, min_samples: int = 3, seed: int = 0) -> Comparison:
     if not base or not cand:
@@ -162,15 +213,8 @@ def compare(base: Sequence[float], cand: Sequence[float], *, better: str, tolera
     if len(base) < min_samples or len(cand) < min_samples:
         return Comparison(bm, cm, point, float("-inf"), float("inf"), tolerance, Outcome.INCONCLUSIVE,
                           mad(base), mad(cand), better=better)
-    rng = random.Random(seed)
-    changes = []
     most = max(len(base), len(cand))
-    small_base, small_cand = thin(base), thin(cand)
-    for _ in range(resamples):
-        b = median(rng.choices(small_base, k=len(small_base)))
-        c = median(rng.choices(small_cand, k=len(small_cand)))
-        changes.append(_change(b, c, better))
-    changes.sort()
+    changes = sorted(bootstrap_changes(thin(base), thin(cand), better=better, resamples=resamples, seed=seed))
     tail = (1 - confidence) / 2
     low = changes[int(tail * (resamples - 1))]
     high = changes[int((1 - tail) * (resamples - 1))]
