@@ -23,20 +23,23 @@ pytestmark = pytest.mark.torch
 
 
 @pytest.fixture(scope="module")
-def caches(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
+def caches(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """A cache and uv cache of the module's own, shared by the tests that break an environment and see it
     rebuilt: each ends with a sound environment, which the next one starts from (one build serves two)."""
     home = tmp_path_factory.mktemp("own-caches")
-    return home / "cache", {**os.environ, "UV_CACHE_DIR": str(home / "uv-cache")}
+    return home / "cache", home / "uv-cache"
+
+
+def _backend(cache: Path, uv_cache: Path, said: list[str]) -> VenvBackend:
+    env = {**os.environ, "UV_CACHE_DIR": str(uv_cache)}
+    return VenvBackend(cache, compat.load_compat(ROOT / "matrix" / "compat.toml"), sources.read_pip_config(env), env,
+                       say=said.append)
 
 
 @pytest.fixture
-def own_caches(caches: tuple[Path, dict[str, str]]) -> tuple[VenvBackend, list[str]]:
-    cache, env = caches
+def own_caches(caches: tuple[Path, Path]) -> tuple[VenvBackend, list[str]]:
     said: list[str] = []
-    backend = VenvBackend(cache, compat.load_compat(ROOT / "matrix" / "compat.toml"),
-                          sources.read_pip_config(env), env, say=said.append)
-    return backend, said
+    return _backend(*caches, said), said
 
 
 def _torch_init(ref: str) -> Path:
@@ -77,9 +80,7 @@ def test_an_empty_interpreter_is_found_and_rebuilt(own_caches, tmp_path: Path) -
 
 def test_an_environment_that_stays_broken_after_a_rebuild_is_an_infra_error(tmp_path: Path,
                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    env = {**os.environ, "UV_CACHE_DIR": str(tmp_path / "uv-cache")}  # a cache of its own: built here, not reused
-    backend = VenvBackend(tmp_path / "cache", compat.load_compat(ROOT / "matrix" / "compat.toml"),
-                          sources.read_pip_config(env), env)
+    backend = _backend(tmp_path / "cache", tmp_path / "uv-cache", [])  # caches of its own: built here, not reused
     monkeypatch.setattr(venv, "record_problems", lambda root: "torch/__init__.py: 0 bytes, RECORD says 1 (package torch)")
     with pytest.raises(InfraError, match="broken right after it was built"):
         backend.prepare(STACK, tmp_path / "build.log")
