@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.budgets import pytest_addoption, pytest_runtest_logreport, pytest_terminal_summary, select_fast
+from tests.budgets import pytest_addoption, pytest_runtest_logreport, pytest_terminal_summary, select_fast, tier_of
 
 __all__ = ["pytest_addoption", "pytest_runtest_logreport", "pytest_terminal_summary"]  # the budgets plugin's hooks
 ROOT = Path(__file__).resolve().parents[1]
@@ -17,10 +17,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     (select with -m); `--fast` keeps the unit tier alone."""
     select_fast(config, items)
     for item in items:
-        path = Path(str(item.fspath))
-        if not path.is_relative_to(ROOT / "tests"):
-            continue
-        tier = path.relative_to(ROOT / "tests").parts[0]
+        tier = tier_of(item.nodeid.split("::", 1)[0])
         if tier in ("torch", "docker", "slurm"):
             item.add_marker(getattr(pytest.mark, tier))
 
