@@ -123,9 +123,9 @@ def stack_images(found: Mapping[str, CellResult]) -> dict[str, list[str]]:
     results' environments (the Docker backend's account of each cell)."""
     out: dict[str, set[str]] = {}
     for result in found.values():
-        label = result.environment.get("stack_label")
+        label = result.environment.stack_label
         if label:
-            out.setdefault(str(label), set()).add(str(result.environment.get("image_digest") or LOCAL_BUILD))
+            out.setdefault(label, set()).add(result.environment.image_digest or LOCAL_BUILD)
     return {k: sorted(v) for k, v in sorted(out.items())}
 
 

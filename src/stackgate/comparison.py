@@ -40,7 +40,7 @@ def compared_pairs(bres: CellResult, cres: CellResult, repeats: Sequence[Pair], 
 
 def _was_pinned(pair: Pair) -> bool:
     """Both runs of the pair were given their own CPUs: they ran at the same time (`Runner.run_together`)."""
-    return all(r.environment.get("cpus") for r in pair)
+    return all(r.environment.cpus for r in pair)
 
 
 def interference(result: CellResult) -> float | None:

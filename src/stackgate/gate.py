@@ -210,12 +210,12 @@ def _cell_reasons(cell: Cell, result: CellResult, is_required: bool, policy: Pol
         out.append(Reason(bad, f"{prefix}cell {result.status.value}: {result.reason}", cell=cell.id,
                           kind=f"cell-{result.status.value}"))
         return out, known
-    links = result.environment.get("refused_links") or []
+    links = result.environment.refused_links
     if links:  # what production left for this candidate to read points out of the run: not evidence
         out.append(Reason(Severity.INCONCLUSIVE, f"production's cross-version artifacts hold {len(links)} link(s) out "
                           "of the run directory, not copied (unreadable evidence): " + "; ".join(map(str, links[:3])),
                           cell=cell.id, kind="bad-artifact"))
-    left = result.environment.get("leftover_processes") or []
+    left = result.environment.leftover_processes
     if left:
         out.append(Reason(Severity.INFO, f"{len(left)} process(es) outlived the suite and were ended: "
                           + "; ".join(str(x)[:120] for x in left[:3]), cell=cell.id, kind="leftover-process"))

@@ -9,6 +9,7 @@ from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 
 from stackgate import probe, results
+from stackgate.boundary.environment import Environment
 from stackgate.console import Printer
 from stackgate.inputs import Loaded
 from stackgate.model import Cell, CellResult, Role, Status
@@ -61,7 +62,7 @@ def record_stopped(run_dir: Path, cells: Sequence[Cell], unfit: Mapping[str, pro
         found = unfit.get(cell.pool.name)
         if found is not None:
             results.append(run_dir, CellResult(cell.id, cell.role, Status(found.status), reason="; ".join(
-                found.evidence), cell=cell.to_json(), environment={"host_probe": found.to_json()}))
+                found.evidence), cell=cell.to_json(), environment=Environment.of({"host_probe": found.to_json()})))
         elif cell.id in blocked:
             results.append(run_dir, CellResult(cell.id, cell.role, Status.NO_BUILD, reason=blocked[cell.id],
                                                cell=cell.to_json()))

@@ -11,6 +11,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from stackgate.boundary.environment import Environment
 from stackgate.model import MAIN, CellResult
 
 SCHEMA = """
@@ -97,17 +98,13 @@ def _metric_rows(run_id: str, results: Sequence[CellResult]) -> list[tuple[str, 
     return rows
 
 
-def stack_sizes(environment: dict[str, object]) -> list[tuple[str, int]]:
+def stack_sizes(environment: Environment) -> list[tuple[str, int]]:
     """The stack's image and environment sizes and its ten largest packages, as the run recorded them
     (the supply chain's size check, `supply.py`): kept in the history beside the metrics."""
-    out = [(f"stack.{key}", int(value)) for key in ("image_size", "env_size")
-           if isinstance(value := environment.get(key), (int, float)) and value]
-    sizes = environment.get("package_sizes")
-    if isinstance(sizes, dict):
-        largest = sorted(((str(k), int(v)) for k, v in sizes.items() if isinstance(v, (int, float))),
-                         key=lambda kv: -kv[1])[:10]
-        out += [(f"stack.package_size[package={name}]", size) for name, size in largest]
-    return out
+    out = [(f"stack.{key}", value) for key, value in (("image_size", environment.image_size),
+                                                      ("env_size", environment.env_size)) if value]
+    largest = sorted(environment.package_sizes.items(), key=lambda kv: -kv[1])[:10]
+    return out + [(f"stack.package_size[package={name}]", size) for name, size in largest]
 
 
 def runs(path: Path, limit: int = 20, matrix: str | None = None) -> list[RunRow]:

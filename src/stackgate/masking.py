@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from stackgate.boundary.results import from_json as result_from_json
 from stackgate.model import CellResult
 
 MASK = "***"
@@ -79,7 +80,7 @@ class Masker:
         return value
 
     def result(self, result: CellResult) -> CellResult:
-        return CellResult.from_json(self.data(result.to_json())) if self.values else result
+        return result_from_json(self.data(result.to_json())) if self.values else result
 
     def scrub(self, folder: Path) -> int:
         """Rewrite the files directly in `folder` (a cell's JUnit, records, node logs; build logs) that

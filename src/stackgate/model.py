@@ -13,6 +13,7 @@ from typing import Any
 
 from packaging.version import Version
 
+from stackgate.boundary.environment import Environment
 from stackgate.versions import CudaVariant, Driver
 
 
@@ -225,14 +226,20 @@ class Phase:
 
     @classmethod
     def parse(cls, text: str) -> Phase:
-        found = re.fullmatch(r"(main|rollback)|(repeat|aa|rerun)(\d+)", text)
+        found = re.fullmatch(r"(main|rollback)|(repeat|aa|rerun)([0-9]{1,9})", text)
         if found is None:
-            raise ValueError(f"not a phase: {text!r} (main, rollback, repeat<N>, aa<N> or rerun<N>)")
+            raise ValueError(f"not a phase: {text[:40]!r} (main, rollback, repeat<N>, aa<N> or rerun<N>)")
         if found.group(1):
             return cls(PhaseKind(found.group(1)))
+        if int(found.group(3)) > MAX_ROUND:
+            raise ValueError(f"phase {text!r}: round {int(found.group(3))} is beyond the bound of {MAX_ROUND} (no "
+                             "policy makes that many rounds: not a result this harness wrote)")
         return cls(PhaseKind(found.group(2)), int(found.group(3)))
 
 
+# the most rounds a phase can have: repeats and confirm_repeats (<= 100 each) plus pressure_reruns
+# (<= 20), confirm_failures (<= 10); a round beyond it was not written by this harness
+MAX_ROUND = 1000
 ROUNDS = (PhaseKind.REPEAT, PhaseKind.AA, PhaseKind.RERUN)  # the kinds that have rounds
 MAIN = Phase()
 ROLLBACK = Phase(PhaseKind.ROLLBACK)
@@ -322,10 +329,6 @@ class TestOutcome:
         return {"name": self.name, "outcome": Outcome(self.outcome).value, "duration_s": self.duration_s,
                 "message": self.message}
 
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> TestOutcome:
-        return cls(str(data["name"]), Outcome(data["outcome"]), float(data.get("duration_s", 0.0)),
-                   str(data.get("message", "")))
 
 
 @dataclass(frozen=True)
@@ -350,15 +353,6 @@ class Metric:
         return {"name": self.name, "unit": self.unit, "samples": list(self.samples), "test": self.test,
                 "better": self.better, "tags": dict(self.tags), "nodeid": self.nodeid}
 
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Metric:
-        samples = data.get("samples")
-        if samples is None:
-            samples = [data["value"]]
-        tags = data.get("tags") or {}
-        return cls(name=str(data["name"]), unit=str(data.get("unit", "")), samples=tuple(float(s) for s in samples),
-                   test=str(data.get("test", "")), better=str(data.get("better", "lower")),
-                   tags=tuple(sorted((str(k), str(v)) for k, v in tags.items())), nodeid=str(data.get("nodeid", "")))
 
 
 @dataclass(frozen=True)
@@ -369,13 +363,17 @@ class CellResult:
     reason: str = ""
     tests: tuple[TestOutcome, ...] = ()
     metrics: tuple[Metric, ...] = ()
-    environment: dict[str, Any] = field(default_factory=dict)
+    environment: Environment = field(default_factory=Environment)
     warnings: tuple[str, ...] = ()
     log_tail: str = ""
     duration_s: float = 0.0
     cell: dict[str, Any] = field(default_factory=dict)
     phase: Phase = MAIN
     against: str = ""  # rollback: the candidate cell whose artifacts production read
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.environment, Environment):  # given as JSON data: validated like what is read
+            object.__setattr__(self, "environment", Environment.of(self.environment))
 
     def test(self, name: str) -> TestOutcome | None:
         for outcome in self.tests:
@@ -386,27 +384,10 @@ class CellResult:
     def to_json(self) -> dict[str, Any]:
         return {"cell_id": self.cell_id, "role": self.role.value, "status": self.status.value, "reason": self.reason,
                 "duration_s": round(self.duration_s, 3), "cell": self.cell, "tests": [t.to_json() for t in self.tests],
-                "metrics": [m.to_json() for m in self.metrics], "environment": self.environment,
+                "metrics": [m.to_json() for m in self.metrics], "environment": self.environment.to_json(),
                 "warnings": list(self.warnings), "log_tail": self.log_tail, "phase": str(self.phase),
                 "against": self.against}
 
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> CellResult:
-        return cls(
-            cell_id=data["cell_id"],
-            role=Role(data["role"]),
-            status=Status(data["status"]),
-            reason=data.get("reason", ""),
-            tests=tuple(TestOutcome.from_json(t) for t in data.get("tests", [])),
-            metrics=tuple(Metric.from_json(m) for m in data.get("metrics", [])),
-            environment=data.get("environment", {}),
-            warnings=tuple(data.get("warnings", [])),
-            log_tail=data.get("log_tail", ""),
-            duration_s=float(data.get("duration_s", 0.0)),
-            cell=data.get("cell", {}),
-            phase=Phase.parse(str(data.get("phase") or (data.get("cell") or {}).get("phase") or "main")),
-            against=str(data.get("against", "")),
-        )
 
 
 class Decision(str, enum.Enum):

@@ -24,6 +24,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion
 from packaging.version import Version as Pep440
 
+from stackgate.boundary.environment import Environment
 from stackgate.errors import ConfigError
 
 LEVELS = ("UNRATED", "LOW", "MODERATE", "HIGH", "CRITICAL")
@@ -263,19 +264,19 @@ def load(root: Path) -> Database:
     return Database(root, advisories)
 
 
-def sbom(environment: dict[str, Any]) -> tuple[list[Package], list[str]]:
+def sbom(environment: Environment) -> tuple[list[Package], list[str]]:
     """The packages a result's environment recorded of its stack (`stack_packages`: pip freeze;
     `os_packages`: Debian source packages with `os_release`), and what of it could not be read."""
     out: list[Package] = []
     unread = []
-    for line in environment.get("stack_packages") or ():
+    for line in environment.stack_packages:
         name, sep, version = str(line).partition("==")
         if sep:
             out.append(Package("PyPI", name.strip(), version.strip()))
         elif line:
             unread.append(str(line))  # `name @ file://...`: no version to match
-    release = str(environment.get("os_release") or "")
-    for line in environment.get("os_packages") or ():
+    release = environment.os_release
+    for line in environment.os_packages:
         name, sep, version = str(line).partition("==")
         if sep and release:
             out.append(Package(release, name, version))

@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from stackgate.boundary.environment import Environment
+
 PSI = Path("/proc/pressure/cpu")
 STAT = Path("/proc/stat")
 CGROUP = Path("/proc/self/cgroup")
@@ -210,6 +212,6 @@ def busiest(parts: Sequence[Pressure]) -> Pressure | None:
     return max(machines, key=lambda m: -1.0 if m.interference is None else m.interference, default=None)
 
 
-def of_result(environment: dict[str, Any]) -> Pressure | None:
+def of_result(environment: Environment) -> Pressure | None:
     """The pressure a result recorded (None: not measured, e.g. a result from before it was)."""
-    return Pressure.from_json(environment.get("pressure"))
+    return Pressure.from_json(environment.pressure)

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from stackgate.boundary import results as boundary
 from stackgate.errors import ConfigError, disk_full
 from stackgate.model import Cell, CellResult, Phase, PhaseKind, Role, Status
 
@@ -73,22 +74,18 @@ def read_all(run_dir: Path) -> ResultLines:
     for number, raw in enumerate(raws, start=1):
         if not raw.strip():
             continue
-        data = None
         line = raw[:200].decode("utf-8", "backslashreplace")
         try:
             if len(raw) > MAX_RESULT_LINE:
                 raise ValueError(f"a line of {len(raw)} bytes, more than the limit of {MAX_RESULT_LINE}")
-            line = raw.decode("utf-8")  # strict: bytes that are not UTF-8 are not evidence
-            data = json.loads(line)
-            if not isinstance(data, dict):
-                raise TypeError(f"a JSON {type(data).__name__}, not an object")
-            result = CellResult.from_json(data)
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raw.decode("utf-8")  # strict: bytes that are not UTF-8 are not evidence
+            result = boundary.parse_line(raw)
+        except (ValueError, UnicodeDecodeError) as exc:
             torn = number == len(raws)  # no newline after it: a write cut short by a kill
             why = "torn last line (killed mid-write)" if torn else f"not a result ({type(exc).__name__}: {exc})"
             problems.append(f"{RESULTS}:{number}: {why}: {line[:200]}")
-            cell_id = data.get("cell_id") if isinstance(data, dict) else None
-            if isinstance(cell_id, str) and cell_id:  # that cell's evidence is unreadable: it is an error
+            cell_id = boundary.cell_id_of(raw) if len(raw) <= MAX_RESULT_LINE else None
+            if cell_id:  # that cell's evidence is unreadable: it is an error
                 role = Role.PRODUCTION if cell_id.startswith("prod-") else Role.CANDIDATE
                 out[cell_id] = CellResult(cell_id, role, Status.ERROR, reason=f"unreadable result: {problems[-1]}")
             continue

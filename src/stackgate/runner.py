@@ -20,6 +20,7 @@ from pathlib import Path
 
 from stackgate import pressure, proc, resolve, results
 from stackgate.backends.base import Backend, EnvHandle, Execution, PrepareFailed
+from stackgate.boundary.environment import Environment
 from stackgate.console import Console, Printer
 from stackgate.errors import InfraError
 from stackgate.model import MAIN, Cell, CellResult, Phase, PhaseKind, Role, Status
@@ -257,7 +258,8 @@ class Runner:
             result = run_cell(self.backend, cell, handle, replace(ctx, on_line=progress.line), self.gauge)
         except InfraError as exc:
             result = did_not_run(Status.INFRA_ERROR, str(exc))
-        environment = {**result.environment, "env_reused": handle.reused, "env_prepare_s": round(handle.prepare_s, 1),
+        environment = {**result.environment.to_json(), "env_reused": handle.reused,
+                       "env_prepare_s": round(float(handle.prepare_s), 1),
                        **({"cpus": list(ctx.cpus)} if ctx.cpus else {})}
         if handle.sbom.get("packages"):  # the stack's own SBOM, as its backend recorded it (what a promotion locks)
             environment["stack_packages"] = handle.sbom["packages"]
@@ -266,12 +268,12 @@ class Runner:
             if handle.sbom.get(key):  # an image's OS packages and size: the supply chain's evidence (supply.py)
                 environment[into] = handle.sbom[key]  # type: ignore[literal-required]
         if ctx.suite_deps:
-            environment["suite_requirements"] = ctx.suite_deps
-        result = ctx.mask.result(replace(result, environment=environment))
+            environment["suite_requirements"] = dict(ctx.suite_deps)
+        result = ctx.mask.result(replace(result, environment=Environment.of(environment)))
         cell_dir = ctx.run_dir / "cells" / label
         for folder in (cell_dir, *cell_dir.glob(f"{ATTEMPT_PREFIX}*")):  # what the nodes and pytest wrote there
             ctx.mask.scrub(folder)
-        left = result.environment.get("leftover_processes") or []
+        left = result.environment.leftover_processes
         if left:  # every backend reports them the same way (NodeExit.leftovers)
             say(f"  ended {len(left)} process(es) that outlived the suite: " + "; ".join(str(x)[:80] for x in left))
         say(f"  {label}: {result.status.value} in {result.duration_s:.0f}s {result.reason[:200]}")

@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from stackgate import gate, shipped
+from stackgate.boundary.results import from_json as result_from_json
 from stackgate.evidence import GateOutcome
 from stackgate.model import (
     MAIN,
@@ -102,7 +103,7 @@ def _on_device(metric: Metric) -> Metric:
 def recorded(device: str = "cpu") -> Recorded:
     """The clean pair on a `device` pool: the candidate's tests, production's metric values."""
     text = shipped.resource(*RECORDING).read_text()
-    rows = [CellResult.from_json(json.loads(line)) for line in text.splitlines() if line.strip()]
+    rows = [result_from_json(json.loads(line)) for line in text.splitlines() if line.strip()]
     main = [r for r in rows if r.phase == MAIN]
     prod_r = next(r for r in main if r.role is Role.PRODUCTION)
     cand_r = next(r for r in main if r.role is Role.CANDIDATE)

@@ -11,7 +11,6 @@ Any pytest suite works: identity/metrics records are optional; test outcomes com
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 import shutil
 from collections.abc import Callable, Mapping, Sequence
@@ -19,10 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from stackgate.boundary import records as records_boundary
 from stackgate.installer import is_disk_full  # the installers' rule serves the nodes' output too
-from stackgate.junit import parse_junit
+from stackgate.junit import missing_nodes, read_junit
 from stackgate.masking import Masker
-from stackgate.model import MAIN, ROLLBACK, Cell, CellResult, Metric, Phase, Status, TestOutcome
+from stackgate.model import MAIN, ROLLBACK, Cell, CellResult, Phase, Status, TestOutcome
 from stackgate.pressure import Pressure
 from stackgate.shipped import BUNDLED_SUITE
 
@@ -260,70 +260,12 @@ def suite_digest(suite: Path) -> str:
 
 
 # Limits on what a suite may hand back (README "Contract"): a record beyond them, or one that is not
-# valid UTF-8, is unreadable evidence and makes the cell ERROR; it is never cut down or repaired.
-MAX_RECORD_BYTES = 1 << 20  # one JSON line of $STACKGATE_RESULTS
-MAX_RECORDS_BYTES = 16 << 20  # all of one node's results file
-MAX_SAMPLES = 20_000  # samples of one metric
-
-
-@dataclass
-class Records:
-    metrics: list[Metric]
-    environment: dict[str, Any]
-    warnings: list[str]
-    problems: list[str]
-
-
-def _record_lines(path: Path, out: Records) -> list[tuple[int, str]]:
-    """The lines of one node's results file that are within the limits and valid UTF-8; every other
-    line is a problem (quoted, shortened, as text with the bad bytes shown)."""
-    size = path.stat().st_size
-    if size > MAX_RECORDS_BYTES:
-        out.problems.append(f"{path.name}: {size} bytes of records, more than the limit of {MAX_RECORDS_BYTES} "
-                            "(unreadable evidence: nothing of this file is used)")
-        return []
-    lines = []
-    for number, raw in enumerate(path.read_bytes().split(b"\n"), start=1):
-        if not raw.strip():
-            continue
-        if len(raw) > MAX_RECORD_BYTES:
-            out.problems.append(f"{path.name}:{number}: unreadable record (a line of {len(raw)} bytes, more than the "
-                                f"limit of {MAX_RECORD_BYTES}): {raw[:120].decode('utf-8', 'replace')}")
-            continue
-        try:
-            lines.append((number, raw.decode("utf-8")))
-        except UnicodeDecodeError as exc:
-            out.problems.append(f"{path.name}:{number}: unreadable record (not valid UTF-8: {exc.reason} at byte "
-                                f"{exc.start}): {raw[:200].decode('utf-8', 'backslashreplace')}")
-    return lines
-
-
-def parse_records(paths: list[Path]) -> Records:
-    out = Records([], {}, [], [])
-    for path in paths:
-        if not path.exists():
-            continue
-        for number, line in _record_lines(path, out):
-            try:
-                data = json.loads(line)
-                if not isinstance(data, dict):
-                    raise TypeError(f"a JSON {type(data).__name__}, not an object")
-                kind = data.pop("kind", "metric")
-                if kind == "metric":
-                    metric = Metric.from_json(data)
-                    if len(metric.samples) > MAX_SAMPLES:
-                        raise ValueError(f"{len(metric.samples)} samples, more than the limit of {MAX_SAMPLES}")
-                    out.metrics.append(metric)
-                elif kind == "environment":
-                    out.environment.update(data)
-                elif kind == "warning":
-                    text = f"{data.get('category', 'Warning')}: {data.get('message', '')}"
-                    if text not in out.warnings:
-                        out.warnings.append(text)
-            except (ValueError, KeyError, TypeError, AttributeError) as exc:
-                out.problems.append(f"{path.name}:{number}: unreadable record ({type(exc).__name__}: {exc}): "
-                                    f"{line[:200]}")
-    return out
+# valid UTF-8, is unreadable evidence and makes the cell ERROR; it is never cut down or repaired. The
+# records themselves are read at the boundary (`boundary.records`).
+MAX_RECORD_BYTES = records_boundary.MAX_RECORD_BYTES
+MAX_RECORDS_BYTES = records_boundary.MAX_RECORDS_BYTES
+MAX_SAMPLES = records_boundary.MAX_SAMPLES
+parse_records = records_boundary.parse_records
 
 
 LOW_DISK_BYTES = 1 << 20  # less than this free where a cell writes: its missing evidence is the disk's doing
@@ -377,22 +319,28 @@ def classify(procs: Sequence[NodeExit], tests: tuple[TestOutcome, ...], phase: P
 def build_result(cell: Cell, procs: Sequence[NodeExit], workdir: Path, duration_s: float,
                  ctx: RunContext | None = None, extra_env: Mapping[str, Any] | None = None) -> CellResult:
     phase = ctx.phase if ctx is not None else MAIN
-    tests = parse_junit(sorted(workdir.glob("junit-node*.xml")))
+    files = sorted(workdir.glob("junit-node*.xml"))
+    junit = read_junit(files)
+    tests = junit.tests
     records = parse_records(sorted(workdir.glob("results-node*.jsonl")))
     status, reason = classify(procs, tests, phase)
     if status is Status.ERROR and not tests and _disk_is_full(workdir, procs):
         status, reason = Status.INFRA_ERROR, (f"the disk is full under {workdir} ({_free_kib(workdir)} KiB free): the "
                                               "suite could not write its evidence (retried by --resume)")
-    environment = {**records.environment, **(extra_env or {})}
+    extra = dict(extra_env or {})
     leftovers = [p for e in procs for p in e.leftovers]
     if leftovers:
-        environment["leftover_processes"] = leftovers
-    if records.problems:
-        environment["record_problems"] = records.problems
+        extra["leftover_processes"] = leftovers
+    unreadable = [*records.problems, *junit.problems]
+    if status.ran_suite and len({p.node for p in procs}) > 1:  # every node of a multi-node cell is evidence
+        unreadable += missing_nodes(files, {p.node for p in procs}, junit)
+    if unreadable:
+        extra["record_problems"] = unreadable
         if status.ran_suite:  # evidence that cannot be read is not evidence
             status = Status.ERROR
-            reason = (f"{len(records.problems)} metric/environment record(s) could not be read; first: "
-                      f"{records.problems[0]}" + (f"; and: {reason}" if reason else ""))
+            reason = (f"{len(unreadable)} record(s) or JUnit file(s) could not be read; first: "
+                      f"{unreadable[0]}" + (f"; and: {reason}" if reason else ""))
+    environment = records.environment_model(extra)
     tail = procs[0].tail if procs else ""
     if status is not Status.PASSED:
         tail = "\n".join(f"===== node {i} =====\n{p.tail}" for i, p in enumerate(procs))

@@ -78,13 +78,11 @@ class PairScan:
 def _stack_scan(cell: Cell, result: CellResult, db: osv.Database | None, why_no_db: str) -> StackScan:
     env = result.environment
     packages, unread = osv.sbom(env)
-    sizes = env.get("package_sizes") or {}
     common: dict[str, Any] = {
         "stack": cell.stack.label, "packages": len(packages), "unread": tuple(unread),
-        "image_size": int(env.get("image_size") or 0), "env_size": int(env.get("env_size") or 0),
-        "package_sizes": {str(k): int(v) for k, v in sizes.items()} if isinstance(sizes, dict) else {},
-        "loader": {str(k): tuple(v.get("competing") or ()) for k, v in (env.get("loader_copies") or {}).items()
-                   if isinstance(v, dict)},
+        "image_size": env.image_size or 0, "env_size": env.env_size or 0,
+        "package_sizes": dict(env.package_sizes),
+        "loader": {k: tuple(v.competing) for k, v in env.loader_copies.items()},
         "cuda": cell.stack.cuda.tag != "cpu"}
     if db is None:
         return StackScan(scanned=False, why_not=why_no_db, **common)

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from stackgate import matrix, options, policy, results, stats, suite, tomlfile
+from stackgate.boundary import records as records_boundary
 from stackgate.errors import ConfigError
 from stackgate.model import CellResult, Role, Status
 from stackgate.report.files import atomic_write, strip_control
@@ -131,11 +132,11 @@ def test_a_metric_with_more_samples_than_the_limit_is_unreadable_evidence(tmp_pa
     line = json.dumps({"name": "step", "samples": [1.0] * (suite.MAX_SAMPLES + 1)}).encode()
     result = _cell_with_records(tmp_path, line + b"\n")
     assert result.status is Status.ERROR
-    assert f"{suite.MAX_SAMPLES + 1} samples, more than the limit of {suite.MAX_SAMPLES}" in result.reason
+    assert f"at most {suite.MAX_SAMPLES} items" in result.reason
 
 
 def test_a_results_file_beyond_the_limit_is_not_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(suite, "MAX_RECORDS_BYTES", 1000)
+    monkeypatch.setattr(records_boundary, "MAX_RECORDS_BYTES", 1000)
     result = _cell_with_records(tmp_path, b'{"name": "ok", "samples": [1.0]}\n' * 100)
     assert result.status is Status.ERROR and "more than the limit of 1000" in result.reason
     assert not result.metrics

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from stackgate import gate, history, selftest, shipped
-from stackgate.model import MAIN, CellResult, Role
+from stackgate.boundary.results import from_json as result_from_json
+from stackgate.model import MAIN, Role
 from stackgate.policy import load_policy
 from stackgate.report import html_report
 from stackgate.report.data import RunReport, stack_diffs
@@ -72,7 +73,7 @@ def _readme_report(tmp_path: Path, earlier: bool = True) -> RunReport:
     with a history: an earlier run of the same definition, and one of a user's suite on the same matrix;
     or, `earlier` False, the first run of a fresh clone (each trend has one date)."""
     rec = selftest.recorded("cpu")
-    rows = [CellResult.from_json(json.loads(line)) for line in
+    rows = [result_from_json(json.loads(line)) for line in
             shipped.resource("selftest", "recorded-cpu.jsonl").read_text().splitlines() if line.strip()]
     raw = {r.role: r for r in rows if r.phase == MAIN}
     results = {rec.production.id: dataclasses.replace(raw[Role.PRODUCTION], cell_id=rec.production.id),

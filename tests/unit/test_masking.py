@@ -48,4 +48,4 @@ def test_short_or_structural_values_never_mangle_a_report() -> None:
     result = CellResult("c", Role.CANDIDATE, Status.PASSED, tests=(TestOutcome("t::x", "passed"),),
                         environment={"hf12": "hf12"})
     masked = mask.result(result)
-    assert masked.tests == result.tests and masked.environment == {"hf12": "***"}
+    assert masked.tests == result.tests and masked.environment.to_json() == {"hf12": "***"}

@@ -7,7 +7,7 @@ import busbw
 import nccl_log
 import pytest
 
-from stackgate import fleet, results, suite
+from stackgate import fleet, junit, results, suite
 from stackgate.model import MAIN, ROLLBACK, CellResult, Phase, Role, Status
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -61,7 +61,7 @@ def test_junit_merge_and_records(tmp_path: Path) -> None:
     (tmp_path / "junit-node1.xml").write_text(
         '<testsuites><testsuite><testcase classname="test_a" file="test_a.py" name="test_x" time="1.4">'
         '<failure message="boom">trace</failure></testcase></testsuite></testsuites>')
-    tests = suite.parse_junit(sorted(tmp_path.glob("junit-node*.xml")))
+    tests = junit.parse_junit(sorted(tmp_path.glob("junit-node*.xml")))
     by = {t.name: t for t in tests}
     assert by["test_a.py::test_x"].outcome == "failed" and "boom" in by["test_a.py::test_x"].message
     assert by["test_a.py::test_y"].outcome == "skipped"
@@ -173,7 +173,7 @@ def test_a_long_test_message_keeps_its_first_line(tmp_path: Path) -> None:
     (tmp_path / "junit.xml").write_text(
         '<testsuite><testcase classname="t" file="test_t.py" name="test_x"><failure message="m">'
         + body + "</failure></testcase></testsuite>")
-    [outcome] = suite.parse_junit([tmp_path / "junit.xml"])
+    [outcome] = junit.parse_junit([tmp_path / "junit.xml"])
     assert outcome.message.startswith("m\nAssertionError: not run under pytest-xdist")
     assert outcome.message.endswith("x" * 100) and len(outcome.message) < 4100
 
@@ -181,12 +181,12 @@ def test_a_long_test_message_keeps_its_first_line(tmp_path: Path) -> None:
 def test_a_test_in_a_class_keeps_its_class_in_its_node_id(tmp_path: Path) -> None:
     """xunit1's classname is the dotted module, then the class: the name is pytest's node id, so a
     rerun selects exactly that test."""
-    junit = tmp_path / "junit.xml"
-    junit.write_text(
+    path = tmp_path / "junit.xml"
+    path.write_text(
         '<testsuites><testsuite><testcase classname="sub.test_a.TestBox" file="sub/test_a.py" name="test_x"/>'
         '<testcase classname="test_a" file="test_a.py" name="test_y"/>'
         '<testcase classname="t" file="test_t.py" name="test_z"/></testsuite></testsuites>')
-    assert [t.name for t in suite.parse_junit([junit])] == [
+    assert [t.name for t in junit.parse_junit([path])] == [
         "sub/test_a.py::TestBox::test_x", "test_a.py::test_y", "test_t.py::test_z"]
 
 

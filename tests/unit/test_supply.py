@@ -76,7 +76,7 @@ def _decide(prod: list[str], cand: list[str], policy=POLICY, db: osv.Database | 
     rec = selftest.recorded("cuda")
     results = dict(rec.results)
     for cell, packages in ((rec.production, prod), (rec.candidate, cand)):
-        results[cell.id] = replace(results[cell.id], environment={**results[cell.id].environment,
+        results[cell.id] = replace(results[cell.id], environment={**results[cell.id].environment.to_json(),
                                                                   "stack_packages": packages})
     cells = (rec.production, rec.candidate)
     scans = supply.scan(cells, results, db)
@@ -155,7 +155,7 @@ def test_sizes_are_kept_in_the_history(tmp_path: Path) -> None:
     from stackgate import history
     rec = selftest.recorded("cuda")
     result = rec.results[rec.candidate.id]
-    result = replace(result, environment={**result.environment, "image_size": 6_210_000_000, "env_size": 5_000_000_000,
+    result = replace(result, environment={**result.environment.to_json(), "image_size": 6_210_000_000, "env_size": 5_000_000_000,
                                           "package_sizes": {"torch": 1_900_000_000, "nvidia-cublas": 800_000_000}})
     history.record(tmp_path / "h.sqlite", run_id="r1", matrix="m", channel="stable", started="s", finished="f",
                    decision="GO", verdict="GO", candidate="2.14.1", results=[result], summary={})

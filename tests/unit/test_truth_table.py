@@ -369,7 +369,7 @@ def _stack(s: Situation, cell: Cell, torch: str, extra: tuple[str, ...] = (), os
            **environment: object) -> None:
     """The SBOM (and sizes) `cell` recorded, and the real OSV records to scan it against."""
     s.db = osv.load(OSV_DB)
-    s.edit(cell, lambda r: replace(r, environment={**r.environment, "stack_packages": [*BASE, f"torch=={torch}", *extra],
+    s.edit(cell, lambda r: replace(r, environment={**r.environment.to_json(), "stack_packages": [*BASE, f"torch=={torch}", *extra],
                                                    "os_release": "Debian:12", "os_packages": list(os_packages),
                                                    **environment}))
 

@@ -86,7 +86,7 @@ class RunReport:
 
 def _packages(result: CellResult) -> dict[str, str]:
     out: dict[str, str] = {}
-    for line in result.environment.get("packages", []):
+    for line in result.environment.packages:
         if " @ " in line:  # a local project's wheel: its version is in the file name
             name, url = (part.strip() for part in line.split(" @ ", 1))
             version = url.rsplit("/", 1)[-1]
@@ -106,7 +106,7 @@ def stack_diffs(cells: Sequence[Cell], results: Mapping[str, CellResult]) -> tup
         facts = []
         for key in ("torch", "cuda", "nccl", "cudnn", "triton", "python", "numpy", "nvidia_driver", "cuda_driver_api",
                     "cuda_compat_in_use"):
-            a, b = str(bres.environment.get(key)), str(cres.environment.get(key))
+            a, b = str(bres.environment.value(key)), str(cres.environment.value(key))
             facts.append((key, a, b))
         bp, cp = _packages(bres), _packages(cres)
         changes = [PackageChange(n, bp.get(n), cp.get(n)) for n in sorted(set(bp) | set(cp)) if bp.get(n) != cp.get(n)]
@@ -174,8 +174,7 @@ def stack_image_rows(found: Mapping[str, CellResult]) -> list[StackImageRow]:
     rows: dict[tuple[str, str, str], list[str]] = {}
     for cell_id, result in sorted(found.items()):
         env = result.environment
-        if env.get("stack_label"):
-            key = (str(env["stack_label"]), str(env.get("image_digest") or env.get("image") or ""),
-                   str(env.get("image_id") or ""))
+        if env.stack_label:
+            key = (env.stack_label, env.image_digest or env.image, env.image_id)
             rows.setdefault(key, []).append(cell_id)
     return [StackImageRow(*key, tuple(cells)) for key, cells in sorted(rows.items())]

@@ -83,8 +83,9 @@ def _cell_details(cell_id: str, result: CellResult) -> str:
         f"<tr><td>{escape(t.name)}</td><td style='color:{COLOURS.get(t.outcome, '#000')}'>{escape(t.outcome)}</td>"
         f"<td>{t.duration_s:.2f}s</td><td>{escape(t.message[:600])}</td></tr>" for t in result.tests)
     env = result.environment
-    facts = ", ".join(f"{k}={escape(str(env.get(k)))}" for k in ("torch", "cuda", "nccl", "cudnn", "triton", "python",
-                                                                  "image_digest") if k in env)
+    shown = env.to_json()
+    facts = ", ".join(f"{k}={escape(str(shown[k]))}" for k in ("torch", "cuda", "nccl", "cudnn", "triton", "python",
+                                                               "image_digest") if k in shown)
     warns = "".join(f"<li>{escape(w)}</li>" for w in result.warnings)
     tail = f"<pre>{escape(result.log_tail[-6000:])}</pre>" if result.status.value != "passed" and result.log_tail else ""
     return (f"<details><summary><code>{escape(cell_id)}</code> — {escape(result.status.value)} "
