@@ -168,6 +168,28 @@ def _runs(key: str, pairs: Sequence[Pair]) -> tuple[list[tuple[float, ...]], lis
     return base_runs, cand_runs
 
 
+def _kind_clash(key: str, metric: Metric | None, other: Metric | None, numerics: object, rule: object) -> str:
+    """Why a metric cannot be compared as recorded: production and the candidate record it with
+    different units or directions, or a rule gates it as what it is not (a numerics rule on a
+    performance metric, a performance rule on a numerics series). "" when it can."""
+    if metric is not None and other is not None:
+        if metric.unit != other.unit:
+            return (f"{key}: production records it in {other.unit!r}, the candidate in {metric.unit!r}: values in "
+                    "different units are not compared")
+        if metric.better != other.better:
+            return (f"{key}: production records it as better = {other.better!r}, the candidate as {metric.better!r}: "
+                    "not compared")
+    known = metric or other
+    assert known is not None
+    if numerics is not None and known.better != "equal":
+        return (f"{key}: a numerics rule gates it, but it is recorded as better = {known.better!r} (a numerics "
+                "trajectory is recorded as 'equal'): not compared")
+    if rule is not None and known.better == "equal":
+        return (f"{key}: a performance rule gates it, but it is recorded as better = 'equal' (a numerics series, "
+                "not a measurement with a direction): not compared")
+    return ""
+
+
 def compare_pair(cand: Cell, base: Cell, cres: CellResult, bres: CellResult, policy: Policy,
                  missing: Severity, repeats: Sequence[Pair] = ()
                  ) -> tuple[list[MetricComparison], list[ParityCheck], list[Reason]]:
@@ -182,9 +204,14 @@ def compare_pair(cand: Cell, base: Cell, cres: CellResult, bres: CellResult, pol
         metric, other = cmetrics.get(key), bmetrics.get(key)
         known = metric or other
         assert known is not None
-        numerics = policy.numerics_rule(known.name) if known.better == "equal" else None
-        rule_p = policy.metric_rule(known.name, dict(known.tags), cand.device) if known.better != "equal" else None
+        numerics = policy.numerics_rule(known.name)
+        rule_p = policy.metric_rule(known.name, dict(known.tags), cand.device)
         gated = numerics is not None or rule_p is not None
+        clash = _kind_clash(key, metric, other, numerics, rule_p)
+        if clash:  # what the two stacks recorded, or what the rule expects, disagree: not comparable
+            reasons.append(Reason(Severity.INCONCLUSIVE if gated else Severity.INFO, clash, cell=cand.id,
+                                  test=known.test, kind="metric-mismatch"))
+            continue
         if metric is None or other is None or not metric.samples or not other.samples:
             if gated:
                 side = "candidate" if metric is None or not metric.samples else "production"
@@ -210,6 +237,12 @@ def compare_pair(cand: Cell, base: Cell, cres: CellResult, bres: CellResult, pol
             if rule_p is not None:
                 reasons.append(Reason(Severity.INCONCLUSIVE, f"{key}: a sample is NaN or infinite: cannot compare",
                                       cell=cand.id, test=metric.test, kind="perf-inconclusive"))
+            continue
+        if rule_p is not None and min(stats.median(other.samples), stats.median(metric.samples)) <= 0:
+            reasons.append(Reason(Severity.INCONCLUSIVE, f"{key}: production's median {stats.median(other.samples):g}, "
+                                  f"the candidate's {stats.median(metric.samples):g}: a ratio of values that are zero "
+                                  "or negative says nothing; the suite recorded no measurement", cell=cand.id,
+                                  test=metric.test, kind="perf-inconclusive"))
             continue
         base_runs, cand_runs = _runs(key, kept)
         if not base_runs and not dropped and main_left_out:  # no concurrent pair recorded it: the main runs' steps

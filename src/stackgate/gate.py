@@ -10,6 +10,7 @@ import fnmatch
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
+from stackgate import rules
 from stackgate import supply as supply_chain
 from stackgate.comparison import compare_pair, repeat_pairs
 from stackgate.confirm import confirmation, is_failure, reruns
@@ -111,6 +112,8 @@ def decide(cells: Sequence[Cell], not_here: Sequence[NotHere], results: Mapping[
                                       kind="new-warning"))
 
     reasons += supply_chain.reasons(supply, policy.supply)
+    if policy.rules_must_match:
+        reasons += rules.unmatched(candidates, results, policy)
     reasons = _apply_waivers(reasons, policy, today)
     if any(r.severity is Severity.BLOCKING for r in reasons):
         decision = Decision.NO_GO
@@ -298,8 +301,8 @@ def _apply_waivers(reasons: list[Reason], policy: Policy, today: dt.date) -> lis
     out: list[Reason] = []
     flagged: set[int] = set()
     for reason in reasons:
-        if reason.severity not in (Severity.BLOCKING, Severity.INCONCLUSIVE):
-            out.append(reason)
+        if reason.severity not in (Severity.BLOCKING, Severity.INCONCLUSIVE) or reason.kind in rules.UNWAIVABLE:
+            out.append(reason)  # (no waiver ever covers missing or unreadable evidence)
             continue
         waiver = next((w for w in policy.waivers if w.covers(reason)), None)
         if waiver is None:

@@ -14,10 +14,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 from stackgate import tomlfile
+from stackgate.errors import ConfigError
 from stackgate.model import Reason
 
 SUITE_POLICY = "stackgate-policy.toml"
 METHODS = ("bootstrap", "threshold")
+DEVICES = ("cpu", "cuda")  # model.Cell.device
 SUMMARIES = ("median", "best")
 PreexistingRule = Literal["go", "inconclusive"]
 PREEXISTING: tuple[PreexistingRule, ...] = ("go", "inconclusive")
@@ -43,6 +45,7 @@ class MetricRule:
     tags: tuple[tuple[str, str], ...]
     method: str = "bootstrap"
     summary: str = "median"
+    line: int | None = None  # where it is written, for the reason that says it matched nothing
 
     def applies(self, metric_name: str, tags: dict[str, str], device: str) -> bool:
         if not fnmatch.fnmatchcase(metric_name, self.name):
@@ -58,6 +61,7 @@ class NumericsRule:
     rtol: float
     atol: float
     steps: int
+    line: int | None = None
 
 
 @dataclass(frozen=True)
@@ -139,6 +143,9 @@ class Policy:
     numerics: tuple[NumericsRule, ...] = ()
     waivers: tuple[Waiver, ...] = ()
     supply: SupplyRules = SupplyRules()
+    # every performance and numerics rule must match a metric the run recorded (a typo gates nothing);
+    # off for the default policy of a user's suite, whose rules come from the bundled suite's
+    rules_must_match: bool = True
 
     @property
     def concurrent(self) -> bool:
@@ -181,7 +188,7 @@ def load_policy(path: Path) -> Policy:
     tomlfile.check_keys(doc, perf, ["confidence", "resamples", "min_samples", "repeats", "confirm_repeats",
                                      "max_pressure", "pressure_reruns", "pairing", "metric"], "performance")
     rules = []
-    for row in tomlfile.get(doc, perf, "metric", list, "performance", default=[]):
+    for index, row in enumerate(tomlfile.get(doc, perf, "metric", list, "performance", default=[])):
         tomlfile.check_keys(doc, row, ["name", "tolerance", "devices", "tags", "method", "summary"],
                             "performance", "metric")
         tags = tomlfile.get(doc, row, "tags", dict, "performance", "metric", default={})
@@ -193,6 +200,11 @@ def load_policy(path: Path) -> Policy:
         if summary not in SUMMARIES:
             raise doc.error(f"unknown summary {summary!r}", "performance", "metric", "summary",
                             hint="use 'median' (each run's median sample) or 'best' (its best sample)")
+        for device in tomlfile.str_list(doc, row, "devices", "performance", "metric", default=[]):
+            if device not in DEVICES:
+                raise doc.error(f"devices = {device!r} is not a device", "performance", "metric", "devices",
+                                hint="use " + " or ".join(f'"{d}"' for d in DEVICES) + " (a rule for a device no cell "
+                                     "has gates nothing)")
         rules.append(MetricRule(
             name=tomlfile.get(doc, row, "name", str, "performance", "metric"),
             tolerance=_in_range(doc, row, "tolerance", 0.0, None, "performance", "metric"),
@@ -200,26 +212,34 @@ def load_policy(path: Path) -> Policy:
             tags=tuple(sorted((str(k), str(v)) for k, v in tags.items())),
             method=method,
             summary=summary,
+            line=_nth(doc, "[[performance.metric]]", index),
         ))
     num = tomlfile.get(doc, d, "numerics", dict, default={})
     tomlfile.check_keys(doc, num, ["metric"], "numerics")
     numerics = []
-    for row in tomlfile.get(doc, num, "metric", list, "numerics", default=[]):
+    for index, row in enumerate(tomlfile.get(doc, num, "metric", list, "numerics", default=[])):
         tomlfile.check_keys(doc, row, ["name", "rtol", "atol", "steps"], "numerics", "metric")
         numerics.append(NumericsRule(
             name=tomlfile.get(doc, row, "name", str, "numerics", "metric"),
             rtol=_in_range(doc, row, "rtol", 0.0, None, "numerics", "metric", default=0.0),
             atol=_in_range(doc, row, "atol", 0.0, None, "numerics", "metric", default=0.0),
             steps=int(_in_range(doc, row, "steps", 0, None, "numerics", "metric", default=0, kind=int)),
+            line=_nth(doc, "[[numerics.metric]]", index),
         ))
     waivers = []
     for index, row in enumerate(tomlfile.get(doc, d, "waiver", list, default=[])):
         tomlfile.check_keys(doc, row, ["cells", "tests", "reason", "link", "expires"], "waiver")
         expires = _date(doc, row, "expires", "waiver")
         reason = tomlfile.get(doc, row, "reason", str, "waiver")
+        cells = tomlfile.get(doc, row, "cells", str, "waiver", default="*")
+        tests = tomlfile.get(doc, row, "tests", str, "waiver", default="*")
+        if cells.strip() in ("", "*") and tests.strip() in ("", "*"):
+            raise ConfigError(f"[[waiver]] ({reason[:60]!r}) names no cells and no tests: it would waive everything, "
+                              "including a candidate that never ran", path=path, line=_nth(doc, "[[waiver]]", index),
+                              hint="name what it waives: cells = \"<cell id glob>\" and/or tests = \"<file::test glob>\"")
         waivers.append(Waiver(
-            cells=tomlfile.get(doc, row, "cells", str, "waiver", default="*"),
-            tests=tomlfile.get(doc, row, "tests", str, "waiver", default="*"),
+            cells=cells,
+            tests=tests,
             reason=reason,
             link=tomlfile.get(doc, row, "link", str, "waiver", default=""),
             expires=expires,
@@ -333,6 +353,7 @@ def load_for_suite(*, suite: Path, bundled_suite: Path, config_dir: Path, explic
                    required_metrics=(),
                    all_tests_required=True,
                    preexisting_failures="go",
+                   rules_must_match=False,
                    origin=f"default for a user suite (no {own} found): every test collected in production must "
                           f"pass in each required candidate cell" + ("; plus the platform checks' required tests"
                                                                       if platform_checks else ""))

@@ -397,5 +397,10 @@ def parity(base: Sequence[float], cand: Sequence[float], *, rtol: float, atol: f
             worst_i, worst_abs, worst_rel = i, diff, rel
         if diff > atol + rtol * abs(base[i]):
             within = False
+    beyond = [(side, i, x) for side, series in (("candidate", cand), ("production", base))
+              for i, x in enumerate(series) if i >= n and not math.isfinite(x)]
+    if beyond:  # NaN or inf anywhere fails numerics, beyond the compared steps too (README)
+        side, i, x = beyond[0]
+        within, problem = False, problem or f"step {i} of the {side}'s trajectory is not finite ({x}), beyond the steps compared"
     bitwise = within and n == expected and list(base[:n]) == list(cand[:n])
     return Parity(bitwise, within, worst_i, worst_abs, worst_rel, n, expected, problem)

@@ -316,7 +316,7 @@ def r_extreme_finite_samples(s: Situation) -> None:
     s.edit(s.cand, _samples("recsys.step_time", lambda xs: tuple(1e308 for _ in xs)))
 
 
-def _records(s: Situation, data: bytes) -> None:
+def _records(s: Situation, data: bytes, nodes: int = 1) -> None:
     import tempfile
     from pathlib import Path
 
@@ -326,7 +326,7 @@ def _records(s: Situation, data: bytes) -> None:
         (Path(tmp) / "junit-node0-suite.xml").write_text(
             '<testsuites><testsuite><testcase file="test_recsys.py" name="test_recsys_ddp_sharded_embeddings"/>'
             "</testsuite></testsuites>")
-        built = suite.build_result(s.cand, [suite.NodeExit(0, "pytest", 0)], Path(tmp), 1.0)
+        built = suite.build_result(s.cand, [suite.NodeExit(n, "pytest", 0) for n in range(nodes)], Path(tmp), 1.0)
     s.edit(s.cand, lambda r: replace(r, status=built.status, reason=built.reason))
 
 
@@ -337,6 +337,86 @@ def r_record_not_utf8(s: Situation) -> None:
 
 def r_record_beyond_the_size_limit(s: Situation) -> None:
     _records(s, b'{"name": "recsys.step_time", "samples": [1.0], "pad": "' + b"x" * (1 << 20) + b'"}\n')
+
+
+# ---- #40: meaning, not only shape (each of these gave GO, or crashed, before the boundary)
+
+def _slower(factor: float) -> Callable[[tuple[float, ...]], tuple[float, ...]]:
+    return lambda xs: tuple(x * factor for x in xs)
+
+
+def r_better_not_a_direction(s: Situation) -> None:
+    """`"better": "LOWER"` read as higher-is-better: a 3x slowdown became an improvement."""
+    _records(s, b'{"name": "recsys.step_time", "unit": "ms", "samples": [30.0, 31.0, 32.0], "better": "LOWER"}\n')
+
+
+def r_sample_a_string(s: Situation) -> None:
+    _records(s, b'{"name": "recsys.step_time", "unit": "ms", "samples": ["1111", 1.0, 1.0]}\n')
+
+
+def r_sample_a_boolean(s: Situation) -> None:
+    _records(s, b'{"name": "recsys.step_time", "unit": "ms", "samples": [true, true, true]}\n')
+
+
+def r_metric_recorded_twice(s: Situation) -> None:
+    """The last of two records silently won: a 3x slowdown followed by a fast copy."""
+    _records(s, b'{"name": "recsys.step_time", "unit": "ms", "samples": [30.0, 31.0, 32.0]}\n'
+                b'{"name": "recsys.step_time", "unit": "ms", "samples": [10.0, 10.1, 10.2]}\n')
+
+
+def r_gated_metric_recorded_as_equal(s: Situation) -> None:
+    """`"better": "equal"` took a performance-gated metric out of the gate: 3x slower was GO."""
+    s.edit(s.cand, lambda r: replace(r, metrics=tuple(replace(m, better="equal", samples=_slower(3)(m.samples))
+                                                      if m.name == "recsys.step_time" else m for m in r.metrics)))
+
+
+def r_units_disagree(s: Situation) -> None:
+    """Seconds against milliseconds: 1000x apart, compared as if alike."""
+    s.edit(s.cand, lambda r: replace(r, metrics=tuple(replace(m, unit="s", samples=_slower(0.001)(m.samples))
+                                                      if m.name == "recsys.step_time" else m for m in r.metrics)))
+
+
+def r_all_zero_samples_on_both_sides(s: Situation) -> None:
+    s.edit(s.prod, _samples("recsys.step_time", lambda xs: tuple(0.0 for _ in xs)))
+    s.edit(s.cand, _samples("recsys.step_time", lambda xs: tuple(0.0 for _ in xs)))
+
+
+def r_nan_beyond_the_step_window(s: Situation) -> None:
+    """`steps = 10` compared the first 10 steps; a NaN at step 40 was ignored."""
+    s.policy = replace(POLICY, numerics=tuple(replace(n, steps=10) for n in POLICY.numerics))
+    s.edit(s.cand, _samples("vit.loss", lambda xs: (*xs[:40], float("nan"), *xs[41:])))
+
+
+def r_node_without_junit(s: Situation) -> None:
+    """A 2-node cell whose node 1 left no JUnit was judged on node 0 alone."""
+    _records(s, b"", nodes=2)
+
+
+def r_waiver_never_covers_missing_evidence(s: Situation) -> None:
+    """A waiver that matches every reason (made in code: load_policy refuses it) never covers "no
+    candidate cell ran"."""
+    cand = s.cand
+    s.cells.remove(cand)
+    del s.results[cand.id]
+    s.policy = replace(POLICY, waivers=(Waiver("*", "*", "everything", "", dt.date(2027, 1, 1), 1),))
+
+
+def r_typo_in_a_performance_rule(s: Situation) -> None:
+    """A one-character typo in a rule's name gated nothing: a 30% slower trainer was GO."""
+    s.policy = replace(POLICY, performance=tuple(replace(r, name="recsys.step_tme", line=41)
+                                                 if r.name == "recsys.step_time" else r for r in POLICY.performance))
+    s.edit(s.cand, _samples("recsys.step_time", _slower(1.3)))
+
+
+def r_typo_in_a_rules_tag(s: Situation) -> None:
+    s.policy = replace(POLICY, performance=tuple(replace(r, tags=(("clock", "devise"),))
+                                                 if r.name == "recsys.step_time" else r for r in POLICY.performance))
+    s.edit(s.cand, _samples("recsys.step_time", _slower(1.3)))
+
+
+def r_typo_in_a_numerics_rule(s: Situation) -> None:
+    s.policy = replace(POLICY, numerics=tuple(replace(n, name="*.los") for n in POLICY.numerics))
+    s.edit(s.cand, _samples("vit.loss", _slower(100)))
 
 
 def r_broken_cached_environment(s: Situation) -> None:
@@ -518,6 +598,19 @@ ROWS: list[tuple[Callable[[Situation], None], Decision, str]] = [
     (r_unrated_fixable_debian_advisory_the_policy_counts, Decision.NO_GO, "vulnerability"),
     (r_candidate_grows_beyond_the_size_limit, Decision.NO_GO, "size"),
     (r_candidate_grows_within_the_size_limit, Decision.GO, ""),
+    (r_better_not_a_direction, Decision.NO_GO, "cell-error"),
+    (r_sample_a_string, Decision.NO_GO, "cell-error"),
+    (r_sample_a_boolean, Decision.NO_GO, "cell-error"),
+    (r_metric_recorded_twice, Decision.NO_GO, "cell-error"),
+    (r_gated_metric_recorded_as_equal, Decision.INCONCLUSIVE, "metric-mismatch"),
+    (r_units_disagree, Decision.INCONCLUSIVE, "metric-mismatch"),
+    (r_all_zero_samples_on_both_sides, Decision.INCONCLUSIVE, "perf-inconclusive"),
+    (r_nan_beyond_the_step_window, Decision.NO_GO, "numerics"),
+    (r_node_without_junit, Decision.NO_GO, "cell-error"),
+    (r_waiver_never_covers_missing_evidence, Decision.INCONCLUSIVE, "no-candidate"),
+    (r_typo_in_a_performance_rule, Decision.INCONCLUSIVE, "unmatched-rule"),
+    (r_typo_in_a_rules_tag, Decision.INCONCLUSIVE, "unmatched-rule"),
+    (r_typo_in_a_numerics_rule, Decision.INCONCLUSIVE, "unmatched-rule"),
 ]
 
 
@@ -615,7 +708,27 @@ def _config_stale_pypi_default() -> None:
         raise wrong
 
 
+def _config_policy(name: str, text: str) -> Callable[[], None]:
+    def load() -> None:
+        import tempfile
+        from pathlib import Path
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "policy.toml"
+            path.write_text(text)
+            load_policy(path)
+    load.__name__ = f"_config_{name}"
+    return load
+
+
+_config_typo_in_a_rules_device = _config_policy("typo_in_a_rules_device",
+    "[[performance.metric]]\nname = 'recsys.step_time'\ntolerance = 0.05\ndevices = ['cdua']\n")
+_config_waiver_that_names_nothing = _config_policy("waiver_that_names_nothing",
+    "[[waiver]]\nreason = 'flaky'\nexpires = 2027-01-01\n")
+
+
 CONFIG_ROWS = [
+    (_config_typo_in_a_rules_device, "policy.toml:4: devices = 'cdua' is not a device"),
+    (_config_waiver_that_names_nothing, "policy.toml:1: [[waiver]] ('flaky') names no cells and no tests"),
     (_config_required_glob_typo, "matches no cell of the matrix"),
     (_config_rtol_nan, "'rtol' = nan is not a finite number"),
     (_config_stale_pypi_default, 'pypi_default = "cu130", but the wheel source\'s default torch==2.15.0 is a CUDA 13.2'),
