@@ -13,7 +13,6 @@ same database; else "UNRATED".
 from __future__ import annotations
 
 import functools
-import json
 import zipfile
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -23,7 +22,10 @@ from typing import Any
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion
 from packaging.version import Version as Pep440
+from pydantic import ValidationError
 
+from stackgate.boundary import osv as osv_record
+from stackgate.boundary.base import describe
 from stackgate.boundary.environment import Environment
 from stackgate.errors import ConfigError
 
@@ -61,6 +63,7 @@ class Finding:
     severity: str
     fixed: str | None  # the first fixed version above the installed one; None: no fix published
     summary: str
+    unclassified: str = ""  # why its ranges could not be evaluated (versions its ecosystem cannot order)
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -69,7 +72,8 @@ class Finding:
     def to_json(self) -> dict[str, Any]:
         return {"advisory": self.advisory, "aliases": list(self.aliases), "package": self.package,
                 "ecosystem": self.ecosystem, "installed": self.installed, "severity": self.severity,
-                "fixed": self.fixed, "summary": self.summary}
+                "fixed": self.fixed, "summary": self.summary,
+                **({"unclassified": self.unclassified} if self.unclassified else {})}
 
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> Finding:
@@ -91,14 +95,12 @@ def _sort_key(ecosystem: str, version: str) -> Any:
     raise ValueError(f"no version order for ecosystem {ecosystem}")
 
 
-def _affected_by_range(events: Sequence[dict[str, str]], ecosystem: str, installed: Any) -> tuple[bool, str | None]:
+def _affected_by_range(events: Sequence[osv_record.Event], ecosystem: str, installed: Any) -> tuple[bool, str | None]:
     """(affected, the first `fixed` above the installed version) under one ECOSYSTEM range (OSV's
     evaluation: events in version order; `introduced` opens, `fixed` closes at, `last_affected` after)."""
     points = []
     for event in events:
-        for kind, value in event.items():
-            if kind not in ("introduced", "fixed", "last_affected", "limit"):
-                continue
+        for kind, value in event.points():
             points.append((kind, None if value == "0" and kind == "introduced" else _sort_key(ecosystem, value), value))
     points.sort(key=lambda p: (0,) if p[1] is None else (1, p[1]))  # `introduced: "0"` is before everything
     affected = False
@@ -117,51 +119,55 @@ class Advisory:
     aliases: tuple[str, ...]
     summary: str
     rating: str  # of this record alone (may be UNRATED: then the database looks at what it names)
-    affected: tuple[dict[str, Any], ...]
+    affected: tuple[osv_record.Affected, ...]
     origin: str  # the file (and zip member) it came from, for errors
 
-    def findings(self, package: Package) -> Iterator[tuple[bool, str | None]]:
-        """(affected, fixed) for each of this record's entries about `package`."""
+    def findings(self, package: Package) -> Iterator[tuple[bool, str | None, str]]:
+        """(affected, fixed, why unordered) for each of this record's entries about `package`. A range
+        whose versions (or the installed one) its ecosystem cannot order is never skipped: it counts
+        as a hit that cannot be classified (`why unordered` says why), like an unrated advisory."""
         try:
             installed = _sort_key(package.ecosystem, package.version)
-        except ValueError:
-            return
+            unordered = ""
+        except ValueError as exc:
+            installed, unordered = None, f"the installed version {package.version!r} cannot be ordered ({exc})"
         for entry in self.affected:
-            about = entry.get("package") or {}
-            if str(about.get("ecosystem", "")) != package.ecosystem or _name(package.ecosystem,
-                                                                              str(about.get("name", ""))) != \
+            if entry.package.ecosystem != package.ecosystem or _name(package.ecosystem, entry.package.name) != \
                     _name(package.ecosystem, package.name):
                 continue
-            listed = [str(v) for v in entry.get("versions") or ()]
-            hit, fixed = package.version in listed, None
-            for rng in entry.get("ranges") or ():
-                if rng.get("type") not in ("ECOSYSTEM", "SEMVER"):
+            hit, fixed, why = package.version in entry.versions, None, ""
+            for rng in entry.ranges:
+                if rng.type not in ("ECOSYSTEM", "SEMVER"):
                     continue  # GIT ranges name commits: a built package has none to compare
+                if unordered:
+                    why = unordered
+                    continue
                 try:
-                    affected, first_fix = _affected_by_range(rng.get("events") or (), package.ecosystem, installed)
-                except ValueError:
-                    continue  # a version in the record that its ecosystem cannot order: skip the range
+                    affected, first_fix = _affected_by_range(rng.events, package.ecosystem, installed)
+                except (ValueError, TypeError) as exc:  # a version its ecosystem cannot order
+                    why = f"a range of {self.id} cannot be ordered ({str(exc)[:120]})"
+                    continue
                 hit = hit or affected
                 fixed = fixed or first_fix
-            yield hit, fixed
+            yield hit, fixed, why
 
 
 def _name(ecosystem: str, name: str) -> str:
     return str(canonicalize_name(name)) if ecosystem == "PyPI" else name
 
 
-def _rating(record: dict[str, Any]) -> str:
-    own = (record.get("database_specific") or {}).get("severity")
-    if isinstance(own, str) and level(own) != "UNRATED":
+def _rating(record: osv_record.Record) -> str:
+    own = record.database_specific.severity if record.database_specific is not None else None
+    if own is not None and level(own) != "UNRATED":
         return level(own)
     import cvss
     best = "UNRATED"
-    for score in record.get("severity") or ():
-        vector = str(score.get("score", ""))
+    for score in record.severity:
+        vector = score.score
         try:
-            if score.get("type") == "CVSS_V4":
+            if score.type == "CVSS_V4":
                 rated = level(str(cvss.CVSS4(vector).severity))
-            elif score.get("type") == "CVSS_V3":
+            elif score.type == "CVSS_V3":
                 rated = level(str(cvss.CVSS3(vector).severities()[0]))
             else:
                 continue
@@ -182,9 +188,8 @@ class Database:
         for advisory in advisories:
             self.by_id[advisory.id] = advisory
             for entry in advisory.affected:
-                about = entry.get("package") or {}
-                ecosystem = str(about.get("ecosystem", ""))
-                key = (ecosystem.split(":", maxsplit=1)[0], _name(ecosystem, str(about.get("name", ""))))
+                ecosystem = entry.package.ecosystem
+                key = (ecosystem.split(":", maxsplit=1)[0], _name(ecosystem, entry.package.name))
                 if advisory not in self.index.setdefault(key, []):
                     self.index[key].append(advisory)
 
@@ -205,11 +210,14 @@ class Database:
             candidates = self.index.get((package.ecosystem.split(":")[0], _name(package.ecosystem, package.name)), [])
             for advisory in candidates:
                 verdicts = list(advisory.findings(package))
-                if not any(hit for hit, _ in verdicts):
-                    continue
-                fixed = next((f for hit, f in verdicts if hit and f), None)
-                out.append(Finding(advisory.id, advisory.aliases, package.name, package.ecosystem, package.version,
-                                   self.severity(advisory), fixed, advisory.summary))
+                if any(hit for hit, _, _ in verdicts):
+                    fixed = next((f for hit, f, _ in verdicts if hit and f), None)
+                    out.append(Finding(advisory.id, advisory.aliases, package.name, package.ecosystem,
+                                       package.version, self.severity(advisory), fixed, advisory.summary))
+                elif any(why for _, _, why in verdicts):  # unclassified: reported, counted like UNRATED
+                    why = next(w for _, _, w in verdicts if w)
+                    out.append(Finding(advisory.id, advisory.aliases, package.name, package.ecosystem,
+                                       package.version, "UNRATED", None, advisory.summary, unclassified=why))
         out.sort(key=lambda f: (-LEVELS.index(f.severity), f.package, f.advisory))
         return out
 
@@ -244,20 +252,17 @@ def load(root: Path) -> Database:
     for path in files:
         for origin, blob in _records(path):
             try:
-                record = json.loads(blob)
-            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-                raise ConfigError(f"vulnerability database: {origin} is not JSON ({exc})",
-                                  hint="remove the file or restore it from the OSV export") from None
-            if not isinstance(record, dict) or not isinstance(record.get("id"), str) \
-                    or not isinstance(record.get("affected", []), list):
-                raise ConfigError(f"vulnerability database: {origin} is not an OSV record (no `id`/`affected`)",
-                                  hint="see https://ossf.github.io/osv-schema/")
-            if record.get("withdrawn"):
+                record = osv_record.Record.model_validate_json(blob)
+            except ValidationError as exc:
+                what = "is not JSON" if exc.errors()[0]["type"] == "json_invalid" else "is not an OSV record"
+                raise ConfigError(f"vulnerability database: {origin} {what} ({describe(exc)})",
+                                  hint="remove the file or restore it from the OSV export; see "
+                                       "https://ossf.github.io/osv-schema/") from None
+            if record.withdrawn:
                 continue
-            names = tuple(str(n) for n in (*(record.get("aliases") or ()), *(record.get("upstream") or ())))
-            summary = str(record.get("summary") or str(record.get("details") or "").split("\n")[0])[:200]
-            advisories.append(Advisory(record["id"], names, summary, _rating(record),
-                                       tuple(e for e in record.get("affected") or () if isinstance(e, dict)), origin))
+            names = (*record.aliases, *record.upstream)
+            summary = (record.summary or record.details.split("\n")[0])[:200]
+            advisories.append(Advisory(record.id, names, summary, _rating(record), tuple(record.affected), origin))
     if not advisories:
         raise ConfigError(f"vulnerability database {root} holds no OSV record",
                           hint="a mirror of the OSV export is a directory of <ID>.json files or the all.zip files")

@@ -114,7 +114,7 @@ def _counts(rules: SupplyRules, f: osv.Finding) -> bool:
     """A finding the threshold cares about: rated at or above it (an unrated one only if the policy
     says so), with a fixed version to move to."""
     rated = rules.unrated == "block" if f.severity == "UNRATED" else osv.at_least(f.severity, rules.threshold)
-    return rated and f.fixed is not None
+    return rated and (f.fixed is not None or bool(f.unclassified))  # (unclassified: whether a fix exists is unknown)
 
 
 def vulnerability_reasons(pair: PairScan, rules: SupplyRules) -> list[Reason]:
@@ -136,7 +136,11 @@ def vulnerability_reasons(pair: PairScan, rules: SupplyRules) -> list[Reason]:
             out.append(Reason(inherited_severity, f"inherited from production (the upgrade did not add it): {_about(f)}",
                               cell=pair.cell, kind="vulnerability-inherited", subject=_subject(f, stack)))
     for f in pair.added:
-        if _counts(rules, f):
+        if _counts(rules, f) and f.unclassified:
+            out.append(Reason(Severity.INCONCLUSIVE, f"new in the candidate, unclassified ({f.unclassified}): "
+                              f"{_about(f)}", cell=pair.cell, kind="vulnerability-unclassified",
+                              subject=_subject(f, stack)))
+        elif _counts(rules, f):
             out.append(Reason(Severity.BLOCKING, f"new in the candidate: {_about(f)}", cell=pair.cell,
                               kind="vulnerability", subject=_subject(f, stack)))
     for f in pair.removed:

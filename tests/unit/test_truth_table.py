@@ -517,6 +517,19 @@ def r_unrated_fixable_debian_advisory_the_policy_counts(s: Situation) -> None:
     s.policy = replace(s.policy, supply=replace(s.policy.supply, unrated="block"))
 
 
+def r_advisory_whose_range_cannot_be_ordered(s: Situation) -> None:
+    """#40: an OSV range with a version PEP 440 cannot order was skipped: 0 findings, GO. It is an
+    unclassified finding now, counted like UNRATED (here the policy blocks those)."""
+    _stack(s, s.prod, "2.6.0")
+    _stack(s, s.cand, "2.6.0", extra=("tinypkg==1.0",))  # new in the candidate
+    from stackgate.boundary.osv import Record
+    record = Record.model_validate_json(
+        '{"id": "GHSA-test-unordered", "affected": [{"package": {"ecosystem": "PyPI", "name": "tinypkg"}, '
+        '"ranges": [{"type": "ECOSYSTEM", "events": [{"introduced": "0"}, {"fixed": "4.4-final!!"}]}]}]}')
+    s.db = osv.Database(OSV_DB, [osv.Advisory(record.id, (), "", "UNRATED", tuple(record.affected), "test")])
+    s.policy = replace(s.policy, supply=replace(s.policy.supply, unrated="block"))
+
+
 def _same_build_kind(s: Situation) -> None:
     """Production as a CUDA build too (the recording's is a CPU build): sizes compare like with like."""
     prod = s.prod
@@ -598,6 +611,7 @@ ROWS: list[tuple[Callable[[Situation], None], Decision, str]] = [
     (r_unrated_fixable_debian_advisory_the_policy_counts, Decision.NO_GO, "vulnerability"),
     (r_candidate_grows_beyond_the_size_limit, Decision.NO_GO, "size"),
     (r_candidate_grows_within_the_size_limit, Decision.GO, ""),
+    (r_advisory_whose_range_cannot_be_ordered, Decision.INCONCLUSIVE, "vulnerability-unclassified"),
     (r_better_not_a_direction, Decision.NO_GO, "cell-error"),
     (r_sample_a_string, Decision.NO_GO, "cell-error"),
     (r_sample_a_boolean, Decision.NO_GO, "cell-error"),
