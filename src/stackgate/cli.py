@@ -295,7 +295,9 @@ def _history_rows(args: argparse.Namespace, path: Path) -> int:
     from stackgate import history
     if args.last_green:
         return _last_green(path, args.matrix, args.json)
-    rows = history.runs(path, args.limit, args.matrix)
+    skipped: list[str] = []
+    rows = history.runs(path, args.limit, args.matrix, skipped)
+    _say_skipped(path, skipped)
     if args.json:
         print(json.dumps([r.__dict__ for r in rows], indent=2))
         return 0
@@ -308,10 +310,20 @@ def _history_rows(args: argparse.Namespace, path: Path) -> int:
     return 0
 
 
+def _say_skipped(path: Path, skipped: list[str]) -> None:
+    """Rows of the history that are not what stackgate writes (NULL, a BLOB, text where a number
+    belongs): left out, and named on stderr."""
+    if skipped:
+        print(f"warning: {len(skipped)} row(s) of {path} are not stackgate's and were skipped: "
+              + "; ".join(skipped[:5]), file=sys.stderr)
+
+
 def _last_green(path: Path, matrix: str | None, as_json: bool) -> int:
     """`stackgate history --last-green`: the version on the first line, so a pipeline can pin it."""
     from stackgate import history
-    green, red = history.standing(history.nightlies(path, matrix))
+    skipped: list[str] = []
+    green, red = history.standing(history.nightlies(path, matrix, skipped))
+    _say_skipped(path, skipped)
     if as_json:
         print(json.dumps({"last_green": green.__dict__ if green else None,
                           "first_red_after": red.__dict__ if red else None}, indent=2))

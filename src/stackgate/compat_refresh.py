@@ -30,7 +30,7 @@ from stackgate.compat import CompatTable
 from stackgate.errors import InfraError
 from stackgate.model import WheelSource
 
-_RUNTIME = re.compile(r"^Requires-Dist:\s*nvidia-cuda-runtime(?:-cu\d+)?\s*[=~]=\s*(\d+)\.(\d+)", re.I | re.M)
+_RUNTIME = re.compile(r"^Requires-Dist:\s*nvidia-cuda-runtime(?:-cu[0-9]+)?\s*[=~]=\s*([0-9]+)\.([0-9]+)", re.I | re.M)
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ class Row:
 
 
 def _python_of(interpreter: str, abi: str) -> str | None:
-    found = re.fullmatch(r"cp(\d)(\d+)", interpreter)
+    found = re.fullmatch(r"cp([0-9])([0-9]+)", interpreter)
     if not found:
         return None
     return f"{found.group(1)}.{found.group(2)}" + ("t" if abi.endswith("t") else "")

@@ -11,7 +11,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from stackgate.boundary import history as rows_boundary
 from stackgate.boundary.environment import Environment
+from stackgate.errors import ConfigError
 from stackgate.model import MAIN, CellResult
 
 SCHEMA = """
@@ -55,12 +57,23 @@ class RunRow:
     summary: str
 
 
+SCHEMA_VERSION = 1  # PRAGMA user_version of what this stackgate writes; a newer database is refused
+
+
 @contextlib.contextmanager
 def connect(path: Path) -> Iterator[sqlite3.Connection]:
     path.parent.mkdir(parents=True, exist_ok=True)
     conn = sqlite3.connect(path)
+    conn.text_factory = rows_boundary.text  # a text cell that is not UTF-8 is garbage in its row, not a crash
     try:
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise ConfigError(f"the history database {path} was written by a newer stackgate (schema version "
+                              f"{version}; this one reads up to {SCHEMA_VERSION})",
+                              hint="upgrade stackgate, or pass another --history PATH")
         conn.executescript(SCHEMA)
+        if version < SCHEMA_VERSION:
+            conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         yield conn
         conn.commit()
     finally:
@@ -107,7 +120,7 @@ def stack_sizes(environment: Environment) -> list[tuple[str, int]]:
     return out + [(f"stack.package_size[package={name}]", size) for name, size in largest]
 
 
-def runs(path: Path, limit: int = 20, matrix: str | None = None) -> list[RunRow]:
+def runs(path: Path, limit: int = 20, matrix: str | None = None, skipped: list[str] | None = None) -> list[RunRow]:
     if not path.exists():
         return []
     with connect(path) as conn:
@@ -117,7 +130,8 @@ def runs(path: Path, limit: int = 20, matrix: str | None = None) -> list[RunRow]
             query += " WHERE matrix = ?"
             args = (matrix,)
         query += " ORDER BY started DESC, run_id DESC LIMIT ?"
-        return [RunRow(*row) for row in conn.execute(query, (*args, limit))]
+        found = rows_boundary.rows(rows_boundary.RunRow, conn.execute(query, (*args, limit)).fetchall(), "runs", skipped)
+        return [RunRow(r.run_id, r.matrix, r.channel, r.started, r.decision, r.candidate, r.summary) for r in found]
 
 
 @dataclass(frozen=True)
@@ -129,7 +143,7 @@ class Nightly:
     cells: tuple[tuple[str, str], ...] = ()  # (cell id, status) of the run's candidate cells
 
 
-def nightlies(path: Path, matrix: str | None = None) -> list[Nightly]:
+def nightlies(path: Path, matrix: str | None = None, skipped: list[str] | None = None) -> list[Nightly]:
     """The latest verdict of each nightly build the history has, oldest build first."""
     if not path.exists():
         return []
@@ -140,13 +154,15 @@ def nightlies(path: Path, matrix: str | None = None) -> list[Nightly]:
             query += " AND matrix = ?"
             args = (matrix,)
         latest: dict[str, tuple[str, str, str]] = {}
-        for version, run_id, decision, finished in conn.execute(query + " ORDER BY finished, run_id", args):
-            if "dev" in version and "," not in version:
-                latest[version] = (run_id, decision, finished)
+        found = conn.execute(query + " ORDER BY finished, run_id", args).fetchall()
+        for row in rows_boundary.rows(rows_boundary.NightlyRun, found, "runs", skipped):
+            if "dev" in row.candidate and "," not in row.candidate:
+                latest[row.candidate] = (row.run_id, row.decision, row.finished)
         out = []
         for version, (run_id, decision, finished) in latest.items():
-            cells = tuple(conn.execute("SELECT cell_id, status FROM cells WHERE run_id = ? AND role = 'candidate' "
-                                       "ORDER BY cell_id", (run_id,)))
+            cells = tuple((c.cell_id, c.status) for c in rows_boundary.rows(rows_boundary.CellRow, conn.execute(
+                "SELECT cell_id, status FROM cells WHERE run_id = ? AND role = 'candidate' ORDER BY cell_id",
+                (run_id,)).fetchall(), "cells", skipped))
             out.append(Nightly(version, run_id, decision, finished, cells))
     return sorted(out, key=lambda n: dev_key(n.version))
 
@@ -167,8 +183,8 @@ def standing(marks: Sequence[Nightly]) -> tuple[Nightly | None, Nightly | None]:
     return last, red
 
 
-def last_green(path: Path, matrix: str | None = None) -> Nightly | None:
-    return standing(nightlies(path, matrix))[0]
+def last_green(path: Path, matrix: str | None = None, skipped: list[str] | None = None) -> Nightly | None:
+    return standing(nightlies(path, matrix, skipped))[0]
 
 
 @dataclass(frozen=True)
@@ -195,12 +211,14 @@ def trends(path: Path, *, channel: str, matrix: str, limit: int = 10,
             if suite is not None:
                 query += " AND definitions.suite = ?"
                 args += (suite,)
-            found = conn.execute(query + " ORDER BY started DESC, runs.run_id DESC LIMIT ?", (*args, limit)).fetchall()
-            for run_id, started in reversed(found):
-                if current is not None and run_id == current[0]:
+            found = rows_boundary.rows(rows_boundary.RunStarted, conn.execute(
+                query + " ORDER BY started DESC, runs.run_id DESC LIMIT ?", (*args, limit)).fetchall(), "runs", None)
+            for run in reversed(found):
+                if current is not None and run.run_id == current[0]:
                     continue
-                rows += [(run_id, started, role, metric, median) for role, metric, median in conn.execute(
-                    "SELECT role, metric, median FROM metrics WHERE run_id = ?", (run_id,))]
+                rows += [(run.run_id, run.started, m.role, m.metric, m.median) for m in rows_boundary.rows(
+                    rows_boundary.MetricRow, conn.execute("SELECT role, metric, median FROM metrics WHERE run_id = ?",
+                                                          (run.run_id,)).fetchall(), "metrics", None)]
     if current is not None:
         rows += [(current[0], current[1], row[2], row[3], row[5]) for row in _metric_rows(current[0], current[2])]
     out: dict[str, dict[tuple[str, str], list[float]]] = {}
@@ -238,7 +256,8 @@ def calibration(path: Path, pool: str) -> dict[str, Calibrated]:
     with connect(path) as conn:
         rows = conn.execute("SELECT metric, sigma, pairs, recorded FROM calibration WHERE pool = ? "
                             "ORDER BY recorded ASC, run_id ASC", (pool,)).fetchall()
-    return {metric: Calibrated(float(sigma), int(pairs), str(recorded)) for metric, sigma, pairs, recorded in rows}
+    return {r.metric: Calibrated(r.sigma, r.pairs, r.recorded)
+            for r in rows_boundary.rows(rows_boundary.CalibrationRow, rows, "calibration", None)}
 
 
 @dataclass(frozen=True)
@@ -270,4 +289,5 @@ def promotions(path: Path) -> list[Promotion]:
         return []
     with connect(path) as conn:
         rows = conn.execute("SELECT * FROM promotions ORDER BY rowid").fetchall()
-    return [Promotion(*row) for row in rows]
+    return [Promotion(**r.model_dump()) for r in rows_boundary.rows(rows_boundary.PromotionRow, rows, "promotions",
+                                                                     None)]

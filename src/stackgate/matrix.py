@@ -33,7 +33,7 @@ from stackgate.model import (
 from stackgate.versions import CudaVariant, parse_python, parse_torch
 
 DEFAULT_VARIANT = "default"  # a cuda axis value: the release's PyPI default build (compat.toml pypi_default)
-_TOPOLOGY = re.compile(r"^(\d+)x(\d+)$")
+_TOPOLOGY = re.compile(r"^([0-9]+)x([0-9]+)$")
 
 
 @dataclass(frozen=True)
@@ -176,6 +176,8 @@ def load_matrix(path: Path) -> MatrixSpec:
             line = _nth_header_line(doc, kind, index)
             if kind == "include" and "pool" not in row:
                 raise ConfigError("[[include]] needs a 'pool'", path=path, line=line)
+            if kind == "include":  # its values are range-checked like the axes' (an exclude's are globs)
+                _check_include(doc, dict(fields))
             bucket.append(Rule(fields=fields, line=line))
     return MatrixSpec(
         path=path,
@@ -219,9 +221,17 @@ def _nth_header_line(doc: tomlfile.Doc, kind: str, index: int) -> int | None:
     return doc.line_of(kind)
 
 
+def _check_include(doc: tomlfile.Doc, fields: dict[str, str]) -> None:
+    for key, parse in (("torch", parse_torch), ("cuda", CudaVariant.parse), ("python", parse_python)):
+        if key in fields:
+            tomlfile.parsed(doc, parse, fields[key], "include", key)
+    if "topology" in fields:
+        _topology_word(doc, fields["topology"], "include")
+
+
 def _topology_word(doc: tomlfile.Doc, word: str, *where: str) -> str:
     match = _TOPOLOGY.match(word)
-    if match and not (1 <= int(match.group(1)) <= fleet.MAX_NODES and 1 <= int(match.group(2)) <= fleet.MAX_PROCS_PER_NODE):
+    if match and not (max(len(match.group(1)), len(match.group(2))) <= 6 and 1 <= int(match.group(1)) <= fleet.MAX_NODES and 1 <= int(match.group(2)) <= fleet.MAX_PROCS_PER_NODE):
         raise doc.error(f"topology {word!r} needs at least one node and one process per node, and at most "
                         f"{fleet.MAX_NODES} nodes and {fleet.MAX_PROCS_PER_NODE} processes per node", *where, "topology",
                         hint="for example 1x2 or 2x8")

@@ -32,7 +32,7 @@ from stackgate.model import Cell, Role, WheelSource
 from stackgate.sources import PipConfig, Target, list_wheels
 
 COMPANIONS = ("torchvision", "torchaudio", "triton", "pytorch-triton")
-_DATE = re.compile(r"dev(\d{8})")
+_DATE = re.compile(r"dev([0-9]{8})")
 DEFAULT_MAX_AGE_DAYS = 3
 
 

@@ -48,7 +48,7 @@ class Counters:
 
 
 def _psi(text: str) -> tuple[int | None, int | None]:
-    found = {m.group(1): int(m.group(2)) for m in re.finditer(r"^(some|full)\b.*\btotal=(\d+)", text, re.M)}
+    found = {m.group(1): int(m.group(2)) for m in re.finditer(r"^(some|full)\b.*\btotal=([0-9]+)", text, re.M)}
     return found.get("some"), found.get("full")
 
 
@@ -117,7 +117,7 @@ SNAPSHOT = ("sg_snapshot() { echo \"node ${SLURMD_NODENAME:-$(hostname -s)}\"; "
 
 def parse(text: str) -> Counters | None:
     """Counters from one `SNAPSHOT` (None: it has no clock, e.g. the file was cut short)."""
-    uptime = re.search(r"^uptime (\d+(?:\.\d+)?)$", text, re.M)
+    uptime = re.search(r"^uptime ([0-9]+(?:\.[0-9]+)?)$", text, re.M)
     return _counters(float(uptime.group(1)), text) if uptime else None
 
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from stackgate.model import RunnerPool
 
-_XID = re.compile(r"NVRM: Xid \((?P<where>[^)]*)\): (?P<code>\d+)(?P<rest>.*)")
+_XID = re.compile(r"NVRM: Xid \((?P<where>[^)]*)\): (?P<code>[0-9]+)(?P<rest>.*)")
 
 
 @dataclass(frozen=True)

@@ -14,11 +14,12 @@ import shutil
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
+from stackgate.boundary.report import CellRow, Report
+from stackgate.boundary.report import read as read_report_json
 from stackgate.errors import ConfigError, InfraError
 from stackgate.installer import file_sha256
 from stackgate.report.markdown import md_escape
@@ -38,53 +39,39 @@ class Promoted:
     cells: tuple[str, ...]
 
 
-def read_report(run_dir: Path) -> dict[str, Any]:
-    path = run_dir / "report.json"
-    try:
-        data: dict[str, Any] = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"{run_dir} has no report.json: it is not a finished stackgate run",
-                          hint="give the run directory (reports/<run-id>) or the run id of a finished run") from None
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"{path} cannot be read: {exc}") from None
-    return data
+def read_report(run_dir: Path) -> Report:
+    """report.json, through the model of what the gate wrote (`boundary.report`)."""
+    return read_report_json(run_dir)
 
 
-def require_go(report: Mapping[str, Any], run_dir: Path) -> None:
+def require_go(report: Report, run_dir: Path) -> None:
     """Only a GO run is promoted: anything else is exit 2, with the gate's reasons."""
-    decision = report.get("decision")
-    if decision == "GO":
+    if report.decision == "GO":
         return
-    reasons = [f"[{r.get('kind')}] {r.get('cell') or ''} {r.get('message', '')}".strip()
-               for r in report.get("reasons", []) if r.get("severity") != "info"]
-    raise ConfigError(f"run {run_dir.name} is {decision}, not GO: only a GO run is promoted",
+    reasons = [f"[{r.kind}] {r.cell} {r.message}".strip() for r in report.reasons if r.severity != "info"]
+    raise ConfigError(f"run {run_dir.name} is {report.decision}, not GO: only a GO run is promoted",
                       hint="why: " + ("; ".join(reasons[:3]) or "see its report.md"))
 
 
-def _label(stack: Mapping[str, Any]) -> str:
-    torch = str(stack["torch"]).split("+")[0]
-    return f"{stack['cuda']}-torch{torch}-py{stack['python']}"
-
-
-def promoted(report: Mapping[str, Any]) -> list[Promoted]:
+def promoted(report: Report) -> list[Promoted]:
     """The candidate stacks that passed, one per stack (its cells may be on several pools)."""
-    found: dict[str, dict[str, Any]] = {}
-    for cell in report.get("cells", []):
-        if cell.get("role") != "candidate" or cell.get("status") != "passed":
-            continue
-        env = cell.get("environment") or {}
-        label = _label(cell["stack"])
-        entry = found.setdefault(label, {"stack": cell["stack"], "gpu": False, "image": "", "packages": (),
-                                         "cells": []})
-        entry["gpu"] = entry["gpu"] or cell.get("device") == "cuda"
-        entry["image"] = entry["image"] or str(env.get("image_digest") or "")
-        own = env.get("stack_packages") or env.get("packages") or ()  # the stack's own, not the suite's view
-        entry["packages"] = entry["packages"] or tuple(str(p) for p in own)
-        entry["cells"].append(str(cell.get("id")))
+    found: dict[str, list[CellRow]] = {}
+    for cell in report.cells:
+        if cell.role == "candidate" and cell.status == "passed":
+            label = f"{cell.stack.cuda}-torch{cell.stack.torch.split('+')[0]}-py{cell.stack.python}"
+            found.setdefault(label, []).append(cell)
     if not found:
         raise ConfigError("the run has no candidate stack that passed: nothing to promote")
-    return [Promoted(label, str(e["stack"]["torch"]), str(e["stack"]["cuda"]), str(e["stack"]["python"]), bool(e["gpu"]),
-                     e["image"], e["packages"], tuple(e["cells"])) for label, e in sorted(found.items())]
+    out = []
+    for label, cells in sorted(found.items()):
+        stack = cells[0].stack
+        image = next((c.environment.image_digest for c in cells if c.environment.image_digest), "")
+        # the stack's own packages, not the suite's view
+        own = next((tuple(c.environment.stack_packages or c.environment.packages) for c in cells
+                    if c.environment.stack_packages or c.environment.packages), ())
+        out.append(Promoted(label, stack.torch, stack.cuda, stack.python, any(c.device == "cuda" for c in cells),
+                            image, own, tuple(c.id for c in cells)))
+    return out
 
 
 # --------------------------------------------------------------------------------------------- pylock
@@ -195,7 +182,7 @@ def patch(old_path: Path, new_text: str) -> str:
 
 
 # ---------------------------------------------------------------------------------------- changelog
-def changelog(report: Mapping[str, Any], stacks: Sequence[Promoted], run_id: str, when: str, who: str,
+def changelog(report: Report, stacks: Sequence[Promoted], run_id: str, when: str, who: str,
               tags: Sequence[str]) -> str:
     """For the trainer owners who receive the stack: what changed, the work list (new deprecation
     warnings), the performance changes, and the waivers still in force."""
@@ -206,32 +193,30 @@ def changelog(report: Mapping[str, Any], stacks: Sequence[Promoted], run_id: str
     out += [f"| {e(s.label)} | {e(s.torch)} | {e(s.cuda)} | {e(s.python)} | `{e(s.image or 'no registry image')}` |"
             for s in stacks]
     out += [""] + ([f"Registry tags moved: {', '.join(f'`{e(t)}`' for t in tags)}.", ""] if tags else [])
-    for diff in report.get("stack_diff", []):
-        out += [f"## What changed: {e(diff['production_cell'])} → {e(diff['candidate_cell'])}", "",
+    for diff in report.stack_diff:
+        out += [f"## What changed: {e(diff.production_cell)} → {e(diff.candidate_cell)}", "",
                 "| | production | candidate |", "|---|---|---|"]
-        out += [f"| {e(f['what'])} | {e(f['production'])} | {e(f['candidate'])} |" for f in diff.get("facts", [])]
-        changed = [p for p in diff.get("packages", []) if p.get("production") != p.get("candidate")]
+        out += [f"| {e(f.what)} | {e(f.production)} | {e(f.candidate)} |" for f in diff.facts]
+        changed = [p for p in diff.packages if p.production != p.candidate]
         if changed:
             out += ["", "| package | production | candidate |", "|---|---|---|"]
-            out += [f"| {e(p['name'])} | {e(p.get('production') or '—')} | {e(p.get('candidate') or '—')} |"
-                    for p in changed]
+            out += [f"| {e(p.name)} | {e(p.production or '—')} | {e(p.candidate or '—')} |" for p in changed]
         out.append("")
-    warnings = report.get("new_warnings") or {}
+    warnings = report.new_warnings
     out += ["## Your work list: new warnings in the candidate", ""]
     out += ([f"- {e(cell)}: {e(w)}" for cell, ws in sorted(warnings.items()) for w in ws]
             or ["- none: the candidate raised no warning that production did not"]) + [""]
-    comparisons = report.get("comparisons") or []
+    comparisons = report.comparisons
     out += ["## Performance (candidate vs production)", ""]
     if comparisons:
         out += ["| cell | metric | change | outcome |", "|---|---|---|---|"]
-        out += [f"| {e(c['cell'])} | {e(c['metric'])} | "
-                f"{format(c['change'], '+.1%') if isinstance(c.get('change'), (int, float)) else 'n/a'} | "
-                f"{e(c['outcome'])} |" for c in comparisons]
+        out += [f"| {e(c.cell)} | {e(c.metric)} | {format(c.change, '+.1%') if c.change is not None else 'n/a'} | "
+                f"{e(c.outcome)} |" for c in comparisons]
     else:
         out.append("- no performance metric was compared")
-    waived = [r for r in report.get("reasons", []) if r.get("severity") == "waived"]
+    waived = [r for r in report.reasons if r.severity == "waived"]
     out += ["", "## Waivers still in force", ""]
-    out += [f"- {e(r.get('cell') or '')}: {e(r['message'])}" for r in waived] or ["- none"]
+    out += [f"- {e(r.cell)}: {e(r.message)}" for r in waived] or ["- none"]
     out += ["", "## Install it", ""]
     for s in stacks:
         if s.image:

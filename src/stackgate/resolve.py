@@ -45,7 +45,7 @@ class Resolution:
         return not self.problem
 
 
-_CUDA_RUNTIME = re.compile(r"^nvidia-cuda-runtime(?:-cu\d+)?==(\d+)\.(\d+)", re.I)
+_CUDA_RUNTIME = re.compile(r"^nvidia-cuda-runtime(?:-cu[0-9]+)?==([0-9]+)\.([0-9]+)", re.I)
 
 
 def cuda_of(pins: Sequence[str]) -> str | None:

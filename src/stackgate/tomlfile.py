@@ -24,7 +24,7 @@ else:  # pragma: no cover - exercised on 3.10 only
 
 _HEADER = re.compile(r"^\s*\[\[?\s*([^\]]+?)\s*\]\]?\s*(#.*)?$")
 _KEY = re.compile(r"^\s*(\"[^\"]+\"|'[^']+'|[A-Za-z0-9_\-]+)\s*(\.[^=]*)?=")
-_TOML_POS = re.compile(r"\(at line (\d+), column \d+\)")
+_TOML_POS = re.compile(r"\(at line ([0-9]+), column [0-9]+\)")
 
 
 def _unquote(key: str) -> str:

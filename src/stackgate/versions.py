@@ -11,10 +11,10 @@ from packaging.version import InvalidVersion, Version
 
 from stackgate.errors import ConfigError
 
-_VARIANT = re.compile(r"^(cpu|cu(\d{2,3})|rocm[\d.]+)$")
-_DRIVER = re.compile(r"^\d{3,4}(\.\d{1,3}){0,2}$")
-_PYTHON = re.compile(r"^3\.\d{1,2}t?$")
-_NIGHTLY = re.compile(r"^dev(\d{8})$")
+_VARIANT = re.compile(r"^(cpu|cu([0-9]{2,3})|rocm[0-9.]+)$")
+_DRIVER = re.compile(r"^[0-9]{3,4}(\.[0-9]{1,3}){0,2}$")
+_PYTHON = re.compile(r"^3\.[0-9]{1,2}t?$")
+_NIGHTLY = re.compile(r"^dev([0-9]{8})$")
 
 
 def parse_torch(text: str, *, what: str = "torch version") -> Version:
@@ -59,7 +59,7 @@ class CudaVariant:
     @classmethod
     def parse(cls, text: str) -> CudaVariant:
         tag = text.strip().lower()
-        if re.fullmatch(r"\d{2}\.\d", tag):  # "13.0" -> cu130, "12.6" -> cu126
+        if re.fullmatch(r"[0-9]{2}\.[0-9]", tag):  # "13.0" -> cu130, "12.6" -> cu126
             major, minor = tag.split(".")
             tag = f"cu{major}{minor}"
         if not _VARIANT.match(tag):

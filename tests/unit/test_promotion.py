@@ -11,17 +11,18 @@ from pathlib import Path
 import pytest
 import tomllib
 
+from stackgate.boundary.report import Report
 from stackgate import matrix, promotion
 from stackgate.errors import ConfigError
 
 DIGEST = "reg.example/team/stack@sha256:" + "c" * 64
 
 
-def _report(decision: str = "GO") -> dict[str, object]:
+def _report(decision: str = "GO") -> Report:
     stack = {"torch": "2.14.1", "cuda": "cu130", "python": "3.11"}
     env = {"image_digest": DIGEST, "stack_packages": ["torch==2.14.1", "numpy==2.1.0"],
            "packages": ["torch==2.14.1", "numpy==2.1.0", "pytest==8.4.1"]}
-    return {"decision": decision, "run": {"id": "r1"},
+    return Report.model_validate({"schema_version": 1, "decision": decision, "run": {"id": "r1"},
             "reasons": [{"severity": "error", "kind": "test-failed", "cell": "c", "message": "test_x failed"}],
             "cells": [{"id": "prod-x", "role": "production", "status": "passed", "device": "cpu",
                        "stack": {**stack, "torch": "2.13.0+cpu", "cuda": "cpu"}, "environment": {}},
@@ -30,7 +31,7 @@ def _report(decision: str = "GO") -> dict[str, object]:
                       {"id": "h100-x", "role": "candidate", "status": "passed", "device": "cuda", "stack": stack,
                        "environment": env}],
             "new_warnings": {"local-x": ["FutureWarning: `torch.load` <default> changes"]},
-            "comparisons": [{"cell": "local-x", "metric": "step_time_s", "change": -0.12, "outcome": "improved"}]}
+            "comparisons": [{"cell": "local-x", "metric": "step_time_s", "change": -0.12, "outcome": "improved"}]})
 
 
 def test_only_a_go_run_is_promoted_and_the_refusal_says_why(tmp_path: Path) -> None:

@@ -46,7 +46,7 @@ def test_wrong_type_is_reported(tmp_path: Path) -> None:
 
 
 def test_waiver_dates_and_lines(tmp_path: Path) -> None:
-    path = _write(tmp_path, "[[waiver]]\ncells='*'\ntests='*'\nreason='r'\nexpires=2027-01-31\n"
+    path = _write(tmp_path, "[[waiver]]\ncells='local-*'\ntests='*'\nreason='r'\nexpires=2027-01-31\n"
                             "[[waiver]]\nreason='bad'\nexpires='soon'\n")
     with pytest.raises(ConfigError) as info:
         policy.load_policy(path)

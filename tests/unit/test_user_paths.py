@@ -96,7 +96,10 @@ def _gpu_result(cell: Cell, peak_mib: float) -> CellResult:
 @pytest.mark.parametrize(("candidate_peak", "decision"), [(1000.0, Decision.GO), (1200.0, Decision.NO_GO)])
 def test_gpu_single_valued_metric_is_gated_by_threshold(candidate_peak: float, decision: Decision) -> None:
     prod, cand = _gpu_pair()
-    policy = replace(POLICY, required_tests=(), candidate_tests=())
+    # (the rules of the metrics this hand-made suite records: the others would match nothing)
+    policy = replace(POLICY, required_tests=(), candidate_tests=(),
+                     performance=tuple(r for r in POLICY.performance if r.name == "vit.peak_memory"),
+                     numerics=tuple(n for n in POLICY.numerics if n.name == "*.loss"))
     results = {prod.id: _gpu_result(prod, 1000.0), cand.id: _gpu_result(cand, candidate_peak)}
     out = gate.decide((prod, cand), (), results, policy, TODAY)
     assert out.verdict.decision is decision, out.verdict.reasons
@@ -171,8 +174,8 @@ def test_rollback_with_no_cross_version_tests_is_not_an_error() -> None:
     rollback = CellResult(prod.result_id(ROLLBACK, cand), Role.PRODUCTION, Status.SKIPPED,
                           reason=suite.NO_ROLLBACK_TESTS, phase=ROLLBACK, against=cand.id)
     results = {prod.id: _user_result(prod, both), cand.id: _user_result(cand, both), rollback.cell_id: rollback}
-    out = gate.decide((prod, cand), (), results, replace(POLICY, required_tests=(), candidate_tests=(),
-                                                         required_metrics=()), TODAY)
+    user_default = replace(POLICY, required_tests=(), candidate_tests=(), required_metrics=(), rules_must_match=False)
+    out = gate.decide((prod, cand), (), results, user_default, TODAY)
     assert out.verdict.decision is Decision.GO
     assert any(r.kind == "rollback" and r.severity is Severity.INFO for r in out.verdict.reasons)
 

@@ -112,7 +112,7 @@ def parse_scontrol(text: str) -> JobState | None:
     state = re.search(r"\bJobState=(\S+)", text)
     if state is None:
         return None
-    code = re.search(r"\bExitCode=(\d+):(\d+)", text)
+    code = re.search(r"\bExitCode=([0-9]+):([0-9]+)", text)
     reason = re.search(r"\bReason=(\S+)", text)
     return JobState(state.group(1), int(code.group(1)) if code else 0, int(code.group(2)) if code else 0,
                     reason.group(1) if reason else "")

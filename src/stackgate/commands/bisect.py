@@ -22,6 +22,7 @@ from typing import Any
 from packaging.version import Version
 
 from stackgate import fleet, matrix, nightly, results
+from stackgate.boundary import report as report_json
 from stackgate.compat import CompatTable
 from stackgate.console import stdout_line
 from stackgate.errors import ConfigError, ExitCode
@@ -109,10 +110,10 @@ def step_outcome(code: int, found: Iterable[CellResult], decision: str = "") -> 
 
 
 def _decision(run_dir: Path) -> str:
-    """The gate's decision of a finished step ("" when it wrote no report)."""
+    """The gate's decision of a finished step ("" when it wrote no readable report: the step is skipped)."""
     try:
-        return str(json.loads((run_dir / "report.json").read_text()).get("decision", ""))
-    except (OSError, ValueError):
+        return report_json.read(run_dir).decision
+    except ConfigError:
         return ""
 
 

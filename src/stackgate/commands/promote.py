@@ -64,7 +64,7 @@ def promote(opts: Options, env: Mapping[str, str], given: str, target: Target = 
     report = promotion.read_report(run_dir)
     promotion.require_go(report, run_dir)
     stacks = promotion.promoted(report)
-    run_id = str(report.get("run", {}).get("id") or run_dir.name)
+    run_id = report.run.id or run_dir.name
     when, by = now(), who(env)
     out = run_dir / OUT
     registry = artifacts.configured(opts.registry, opts.repository, opts.config_dir)
@@ -89,26 +89,27 @@ def promote(opts: Options, env: Mapping[str, str], given: str, target: Target = 
             _download(pins, to, of, env)
         lock = promotion.pylock(stack, out / stack.label, index, download)
         say(f"  wrote {lock} ({len(stack.packages)} packages, the tested wheels beside it)")
-    (out / "production.toml").write_text(new_production)
-    (out / "production.toml.patch").write_text(promotion.patch(old_production, new_production))
-    moved = []
-    steps = []
+    # everything that is written is computed, and every tag read, before a tag moves
     previous_toml = old_production.read_text() if old_production.is_file() else ""
     engine = tags() if moves else None
-    for image, name, tag in moves:
-        assert engine is not None
-        before = engine.resolve_tag(name, tag)
-        if before and before != image:
-            engine.move_tag(before, name, "previous")
-            moved.append(f"{name}:previous")
-        engine.move_tag(image, name, tag)
-        moved.append(f"{name}:{tag}")
-        steps.append(history.Promotion(when, by, "promote", run_id, ",".join(s.label for s in stacks if s.image == image),
-                                       image, f"{name}:{tag}", before or "", new_production, previous_toml))
+    befores = [engine.resolve_tag(name, tag) if engine is not None else None for _, name, tag in moves]
+    moved = [m for (image, name, tag), before in zip(moves, befores, strict=True)
+             for m in ([f"{name}:previous"] if before and before != image else []) + [f"{name}:{tag}"]]
+    steps = [history.Promotion(when, by, "promote", run_id, ",".join(s.label for s in stacks if s.image == image),
+                               image, f"{name}:{tag}", before or "", new_production, previous_toml)
+             for (image, name, tag), before in zip(moves, befores, strict=True)]
     if not steps:
         steps.append(history.Promotion(when, by, "promote", run_id, ",".join(s.label for s in stacks), "", "", "",
                                        new_production, previous_toml))
-    (out / "CHANGELOG.md").write_text(promotion.changelog(report, stacks, run_id, when, by, moved))
+    log = promotion.changelog(report, stacks, run_id, when, by, moved)
+    (out / "production.toml").write_text(new_production)
+    (out / "production.toml.patch").write_text(promotion.patch(old_production, new_production))
+    (out / "CHANGELOG.md").write_text(log)
+    for (image, name, tag), before in zip(moves, befores, strict=True):
+        assert engine is not None
+        if before and before != image:
+            engine.move_tag(before, name, "previous")
+        engine.move_tag(image, name, tag)
     history.record_promotion(opts.history, steps)
     say(f"  wrote {out / 'production.toml'} (and its patch against {old_production}) and {out / 'CHANGELOG.md'}")
     for tag in moved:
