@@ -49,10 +49,17 @@ def selftest(session: nox.Session) -> None:
 @nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
     """The harness's tests, every tier (`-- --fast`: the unit tier and its property tests, for the edit-test loop)."""
-    session.install("-e", ".")
+    session.install("-e", ".", "hypothesis>=6.100")
     # each file's time as it ends; at the end each tier's time, the files over budget (tests/budgets.toml)
     # and the 15 slowest tests: so growth shows, even in a run cut short
     session.run("pytest", *(session.posargs or ["tests", "-o", "console_output_style=times", "--durations=15"]))
+
+
+@nox.session(name="bad-inputs", python=PYTHON)
+def bad_inputs(session: nox.Session) -> None:
+    """>= 10,000 generated bad inputs through the readers, the gate and the commands: crashes, hangs, false GOs."""
+    session.install("-e", ".", "hypothesis>=6.100")
+    session.run("python", "benchmarks/bad_inputs.py", *session.posargs)
 
 
 @nox.session(python=PYTHON)
@@ -62,6 +69,7 @@ def lint(session: nox.Session) -> None:
     session.run("ruff", "check", "src", "tests", "noxfile.py")
     session.run("mypy")
     session.run("stackgate", "ci", "github", "--check")
+    session.run("python", "-m", "stackgate.boundary.schemas", "--check")  # the shipped JSON Schemas
     session.run("check-jsonschema", "--builtin-schema", "vendor.github-workflows", ".github/workflows/nightly.yml",
                 ".github/workflows/upgrade-gate.yml")
 

@@ -70,6 +70,10 @@ def load(path: Path) -> Doc:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError("file not found", path=path, hint="check the path, or run from the repository root") from None
+    except UnicodeDecodeError as exc:
+        line = path.read_bytes()[:exc.start].count(b"\n") + 1
+        raise ConfigError(f"not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start}): TOML files are "
+                          "UTF-8", path=path, line=line, hint="save the file as UTF-8") from None
     except OSError as exc:
         raise ConfigError(f"cannot read: {exc.strerror}", path=path) from None
     return loads(text, path)
@@ -78,6 +82,9 @@ def load(path: Path) -> Doc:
 def loads(text: str, path: Path) -> Doc:
     try:
         data = tomllib.loads(text)
+    except RecursionError:
+        raise ConfigError("malformed TOML: nested deeper than Python can read", path=path,
+                          hint="no stackgate file nests more than a few levels") from None
     except tomllib.TOMLDecodeError as exc:
         match = _TOML_POS.search(str(exc))
         line = int(match.group(1)) if match else None

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import tomllib
 
-from stackgate.boundary.report import Report
 from stackgate import matrix, promotion
+from stackgate.boundary.report import Report
 from stackgate.errors import ConfigError
 
 DIGEST = "reg.example/team/stack@sha256:" + "c" * 64

@@ -1,0 +1,369 @@
+"""Hostile inputs for every boundary (hypothesis strategies), and one check per entry point that
+pushes one input through the real reader, the gate or the CLI command and says what happened:
+"ok", "crash" (an exception that is not stackgate's own, or a traceback out of the CLI), "hang"
+(longer than HANG_S) or "false-go" (GO on evidence that is missing, broken or contradicted).
+
+The property tests (tests/unit/test_bad_inputs.py) assert "ok" on a bounded, deterministic sample;
+`nox -s bad-inputs` (benchmarks/bad_inputs.py) pushes >= 10,000 of them and prints the table."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import io
+import json
+import signal
+import sqlite3
+import tempfile
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from hypothesis import strategies as st
+
+from stackgate import cli, gate, osv, results, shipped, suite
+from stackgate.errors import StackgateError
+from stackgate.junit import parse_junit
+from stackgate.model import Cell, CellResult, Decision, GpuClass, Metric, Role, RunnerPool, Stack, Status, Topology
+from stackgate.model import TestOutcome as Outcome
+from stackgate.policy import load_policy
+from stackgate.versions import CudaVariant, parse_torch
+
+HANG_S = 10
+TODAY = dt.date(2026, 12, 6)
+_BUNDLED = load_policy(shipped.MATRIX_DIR / "policy.toml")
+# the bundled policy's rules for the metrics of this small world (a CPU cell: its step time on the CPU
+# clock, its loss): the valid candidate is GO, the truly slow one NO-GO (test_the_checks_can_fail)
+POLICY = replace(_BUNDLED, required_tests=(), candidate_tests=(), required_metrics=("recsys.step_time",),
+                 performance=tuple(r for r in _BUNDLED.performance if r.name == "*.step_time"),
+                 numerics=tuple(n for n in _BUNDLED.numerics if n.name == "*.loss"))
+
+
+class Hang(Exception):
+    pass
+
+
+@contextlib.contextmanager
+def _deadline() -> Iterator[None]:
+    seconds = HANG_S
+
+    def fire(signum: int, frame: object) -> None:
+        raise Hang
+
+    previous = signal.signal(signal.SIGALRM, fire)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def outcome(check: Callable[[], str]) -> str:
+    """What one input did: the check's own verdict, or "crash" / "hang"."""
+    try:
+        with _deadline():
+            return check()
+    except Hang:
+        return "hang"
+    except StackgateError:
+        return "ok"
+    except Exception as exc:
+        return f"crash: {type(exc).__name__}: {str(exc)[:120]}"
+
+
+# ------------------------------------------------------------------------------------------ values
+SCALARS = st.one_of(st.none(), st.booleans(), st.integers(min_value=-(10**400), max_value=10**400),
+                    st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=12),
+                    st.sampled_from(["LOWER", "equal", "higher ", "1111", "1,5", "repeat1000000000", "٣", "NaN"]))
+JSON = st.recursive(SCALARS, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner,
+                                                                                          max_size=4), max_leaves=12)
+
+
+def _deep(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+def _dump(value: Any) -> bytes:
+    try:
+        return json.dumps(value, allow_nan=True).encode()
+    except (ValueError, TypeError, OverflowError):
+        return b"null"
+
+
+def mutated(record: dict[str, Any]) -> st.SearchStrategy[bytes]:
+    """A valid JSON record with one field replaced, removed or added, or the line broken."""
+    keys = sorted(record)
+
+    @st.composite
+    def replace_field(draw: st.DrawFn) -> bytes:
+        out = dict(record)
+        key = draw(st.sampled_from([*keys, "extra", "kind"]))
+        if draw(st.booleans()) and key in out:
+            del out[key]
+        else:
+            out[key] = draw(JSON)
+        return _dump(out)
+
+    raw = _dump(record)
+    return st.one_of(
+        replace_field(),
+        st.just(raw[: len(raw) // 2]),
+        st.just(raw.replace(b'"', b"'", 1)),
+        st.binary(max_size=40),
+        st.just(_deep(5000).encode()),
+        st.just(raw[:-1] + b', "pad": "' + b"\xff\xfe" + b'"}'),
+        JSON.map(_dump),
+    )
+
+
+# ------------------------------------------------------------------------------------ the gate's world
+def _cells() -> tuple[Cell, Cell]:
+    pool = RunnerPool("local", None, GpuClass.NONE, gpu="cpu", is_local=True)
+    prod = Cell(Stack(parse_torch("2.13.0"), CudaVariant("cpu"), "3.11"), pool, Topology(1, 2), Role.PRODUCTION,
+                required=True)
+    cand = Cell(Stack(parse_torch("2.14.1"), CudaVariant("cu130"), "3.11"), pool, Topology(1, 2), Role.CANDIDATE,
+                required=True, baseline=prod.id)
+    return prod, cand
+
+
+PROD, CAND = _cells()
+STEPS = [10.0 + (i % 5) * 0.01 for i in range(12)]
+LOSS = [2.0 * 0.9**i for i in range(12)]
+# the candidate is truly 3x slower: whatever it writes about it, the gate may never say GO
+SLOW = {"kind": "metric", "name": "recsys.step_time", "unit": "ms", "samples": [3 * x for x in STEPS],
+        "better": "lower", "tags": {"clock": "cpu"}, "test": "test_recsys.py::test_recsys"}
+FAST = {**SLOW, "samples": STEPS}
+LOSS_RECORD = {"kind": "metric", "name": "recsys.loss", "unit": "", "samples": LOSS, "better": "equal"}
+JUNIT = (b'<testsuites><testsuite><testcase classname="test_recsys" file="test_recsys.py" name="test_recsys"/>'
+         b"</testsuite></testsuites>")
+
+
+def _metric(record: dict[str, Any]) -> Metric:
+    return Metric(record["name"], record["unit"], tuple(record["samples"]), record.get("test", ""), record["better"],
+                  tuple(sorted(record.get("tags", {}).items())))
+
+
+PROD_RESULT = CellResult(PROD.id, Role.PRODUCTION, Status.PASSED,
+                         tests=(Outcome("test_recsys.py::test_recsys", "passed"),),
+                         metrics=(_metric(FAST), _metric(LOSS_RECORD)))
+
+
+def candidate_records() -> st.SearchStrategy[bytes]:
+    """The candidate's results file: its true (slow) step time, hostile, beside valid lines and a
+    fast copy that would hide it."""
+    line = st.one_of(mutated(SLOW), st.just(_dump(SLOW)))
+    extra = st.lists(st.one_of(mutated(LOSS_RECORD), st.just(_dump(LOSS_RECORD)), st.just(_dump(FAST)),
+                               mutated(FAST), mutated({"kind": "environment", "torch": "2.14.1"}),
+                               mutated({"kind": "warning", "category": "W", "message": "m"})), max_size=3)
+    return st.tuples(line, extra, st.booleans()).map(
+        lambda t: b"\n".join([t[0], *t[1], _dump(LOSS_RECORD)] if t[2] else [*t[1], t[0], _dump(LOSS_RECORD)]) + b"\n")
+
+
+def check_records(data: bytes, nodes: int = 1, junit: bytes = JUNIT) -> str:
+    """Suite records and JUnit through build_result, then the gate: never GO for a 3x slower candidate."""
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        (root / "results-node0.jsonl").write_bytes(data)
+        for node in range(nodes):
+            (root / f"junit-node{node}-suite.xml").write_bytes(junit if node == 0 else JUNIT)
+        built = suite.build_result(CAND, [suite.NodeExit(n, "pytest", 0) for n in range(nodes)], root, 1.0)
+    out = gate.decide((PROD, CAND), (), {PROD.id: PROD_RESULT, CAND.id: built}, POLICY, TODAY)
+    return "false-go" if out.verdict.decision is Decision.GO else "ok"
+
+
+def junit_files() -> st.SearchStrategy[bytes]:
+    attrs = st.sampled_from(['time="1,5"', 'time="nan"', 'time="-1"', 'time="1e999"', 'name=""', "", 'file="x"'])
+    case = attrs.map(lambda a: f'<testcase classname="t" name="test_x" {a}/>'.encode())
+    return st.one_of(
+        case.map(lambda c: b"<testsuites><testsuite>" + c + b"</testsuite></testsuites>"),
+        st.just(b'<?xml version="1.0" encoding="klingon"?><testsuites/>'),
+        st.just(b'<?xml version="1.0" encoding="utf-16"?><testsuites/>'),
+        st.just(b""), st.just(b"<testsuites><testsuite>"), st.binary(max_size=60),
+        st.just(b"<a>" * 3000 + b"</a>" * 3000),
+        st.just(b'<!DOCTYPE x [<!ENTITY a "aaaaaaaaaa"><!ENTITY b "&a;&a;&a;&a;&a;&a;&a;&a;&a;&a;">'
+                b'<!ENTITY c "&b;&b;&b;&b;&b;&b;&b;&b;&b;&b;">]><testsuites><testsuite><testcase name="&c;"/>'
+                b"</testsuite></testsuites>"),
+    )
+
+
+def check_junit_of_a_second_node(junit: bytes) -> str:
+    """A 2-node cell whose node 1 JUnit is hostile: read without a crash, and never GO on it for a slow
+    candidate (node 0's evidence alone is not the cell's)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        (root / "results-node0.jsonl").write_bytes(_dump(SLOW) + b"\n")
+        (root / "junit-node0-suite.xml").write_bytes(JUNIT)
+        (root / "junit-node1-suite.xml").write_bytes(junit)
+        parse_junit([root / "junit-node1-suite.xml"])
+        built = suite.build_result(CAND, [suite.NodeExit(0, "pytest", 0), suite.NodeExit(1, "pytest", 0)], root, 1.0)
+    out = gate.decide((PROD, CAND), (), {PROD.id: PROD_RESULT, CAND.id: built}, POLICY, TODAY)
+    return "false-go" if out.verdict.decision is Decision.GO else "ok"
+
+
+def results_lines() -> st.SearchStrategy[bytes]:
+    valid = {**CellResult(CAND.id, Role.CANDIDATE, Status.PASSED, metrics=(_metric(SLOW),)).to_json()}
+    return st.lists(st.one_of(mutated(valid), st.just(_dump(valid))), min_size=1, max_size=4).map(
+        lambda lines: b"\n".join(lines) + b"\n")
+
+
+def check_results(data: bytes) -> str:
+    """results.jsonl read back (resume, merge, the report): every line a result or a problem; and the
+    gate over it never GO (the candidate is 3x slower in every line that can be read)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / results.RESULTS).write_bytes(data)
+        found = results.read_all(Path(tmp))
+    recorded = {**found.results, PROD.id: PROD_RESULT}
+    out = gate.decide((PROD, CAND), (), recorded, POLICY, TODAY, found.problems)
+    return "false-go" if out.verdict.decision is Decision.GO else "ok"
+
+
+def osv_records() -> st.SearchStrategy[bytes]:
+    valid = {"id": "GHSA-x", "affected": [{"package": {"ecosystem": "PyPI", "name": "torch"},
+                                           "ranges": [{"type": "ECOSYSTEM",
+                                                       "events": [{"introduced": "0"}, {"fixed": "2.99"}]}]}],
+             "severity": [{"type": "CVSS_V3", "score": "CVSS:3.1/AV:N/AC:L/PR:N/UI:N/S:U/C:H/I:H/A:H"}]}
+    return st.one_of(mutated(valid), st.just(_dump(valid)))
+
+
+def check_osv(data: bytes) -> str:
+    """An OSV record loaded and a stack scanned against it: a finding, an unclassified one, nothing,
+    or a ConfigError; torch 2.14.1 is inside the record's range, so a readable record is never 0
+    findings."""
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "x.json").write_bytes(data)
+        osv.load.cache_clear()
+        db = osv.load(Path(tmp))
+        db.scan([osv.Package("PyPI", "torch", "2.14.1")])
+    return "ok"
+
+
+def toml_values() -> st.SearchStrategy[str]:
+    return st.sampled_from(['"x"', "1", "-1", "1e999", "nan", "inf", "true", "[]", "{}", '"*"', '"LOWER"',
+                              '"0x2"', '"1x99999999999999999999999"', '"٣.١١"', "[1, 2]", '{ a = 1 }', '"cdua"',
+                              "1979-05-27", '""', '"' + "x" * 600 + '"'])
+
+
+def policy_texts() -> st.SearchStrategy[bytes]:
+    base = (shipped.MATRIX_DIR / "policy.toml").read_text().splitlines()
+    values = [i for i, line in enumerate(base) if "=" in line and not line.lstrip().startswith("#")]
+
+    @st.composite
+    def edit(draw: st.DrawFn) -> bytes:
+        lines = list(base)
+        for _ in range(draw(st.integers(1, 3))):
+            i = draw(st.sampled_from(values))
+            key = lines[i].split("=", 1)[0]
+            lines[i] = f"{key}= {draw(toml_values())}"
+        return "\n".join(lines).encode()
+
+    return st.one_of(edit(), st.just(b"\xff\xfe[gate]\n"), st.just(("a = " + _deep(3000)).encode()),
+                     st.just(b"[[waiver]]\nreason = 'x'\nexpires = 2027-01-01\n"), st.binary(max_size=40))
+
+
+def check_policy(text: bytes) -> str:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "policy.toml"
+        path.write_bytes(text)
+        load_policy(path)
+    return "ok"
+
+
+def matrix_texts() -> st.SearchStrategy[bytes]:
+    base = (shipped.MATRIX_DIR / "upgrade.toml").read_text().splitlines()
+    values = [i for i, line in enumerate(base) if "=" in line and not line.lstrip().startswith("#")]
+
+    @st.composite
+    def edit(draw: st.DrawFn) -> bytes:
+        lines = list(base)
+        i = draw(st.sampled_from(values))
+        lines[i] = f"{lines[i].split('=', 1)[0]}= {draw(toml_values())}"
+        if draw(st.booleans()):
+            lines += ["[[include]]", 'pool = "local"', f"topology = {draw(toml_values())}"]
+        return "\n".join(lines).encode()
+
+    return st.one_of(edit(), st.binary(max_size=40))
+
+
+def _cli(argv: list[str]) -> int:
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        try:
+            return cli.main(argv)
+        except SystemExit as exc:  # argparse
+            return int(exc.code or 0)
+
+
+def check_matrix_show(text: bytes) -> str:
+    with tempfile.TemporaryDirectory() as tmp:
+        config = Path(tmp)
+        for name in ("compat.toml", "fleet.toml", "policy.toml", "production.toml"):
+            (config / name).write_bytes((shipped.MATRIX_DIR / name).read_bytes())
+        (config / "upgrade.toml").write_bytes(text)
+        code = _cli(["matrix", "show", "--config-dir", str(config), "--matrix", str(config / "upgrade.toml")])
+    return "ok" if code in (0, 2) else f"crash: exit {code}"
+
+
+def check_run_dry_run_policy(text: bytes) -> str:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "policy.toml"
+        path.write_bytes(text)
+        code = _cli(["run", "--dry-run", "--policy", str(path), "--reports", str(Path(tmp) / "r")])
+    return "ok" if code in (0, 2) else f"crash: exit {code}"
+
+
+def report_jsons() -> st.SearchStrategy[bytes]:
+    env = {"image_digest": "", "stack_packages": ["torch==2.14.1"]}
+    valid = {"schema_version": 1, "decision": "GO", "verdict": "GO", "run": {"id": "r1"}, "reasons": [],
+             "cells": [{"id": CAND.id, "role": "candidate", "status": "passed", "device": "cpu",
+                        "stack": {"torch": "2.14.1", "cuda": "cu130", "python": "3.11"}, "environment": env}],
+             "stack_diff": [], "new_warnings": {}, "comparisons": []}
+    return mutated(valid)
+
+
+def check_promote_dry_run(data: bytes) -> str:
+    """promote --dry-run on a malformed report.json: exit 0 (it is still a GO report) or 2, nothing written."""
+    with tempfile.TemporaryDirectory() as tmp:
+        run = Path(tmp) / "reports" / "r1"
+        run.mkdir(parents=True)
+        (run / "report.json").write_bytes(data)
+        code = _cli(["promote", str(run), "--dry-run", "--reports", str(Path(tmp) / "reports"),
+                     "--history", str(Path(tmp) / "h.sqlite")])
+        written = sorted(p.name for p in run.iterdir() if p.name != "report.json")
+    if code not in (0, 2):
+        return f"crash: exit {code}"
+    return "ok" if not written else f"crash: wrote {written}"
+
+
+def history_rows() -> st.SearchStrategy[list[Any]]:
+    cell = st.one_of(st.none(), st.text(max_size=8), st.integers(min_value=-(2**63), max_value=2**63 - 1),
+                     st.floats(allow_nan=True), st.binary(max_size=8), st.just(b"\xff\xfe"))
+    return st.lists(cell, min_size=9, max_size=9)
+
+
+def check_history(row: list[Any]) -> str:
+    """`stackgate history` and `--last-green` over a database with one hostile runs row."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "h.sqlite"
+        with contextlib.closing(sqlite3.connect(path)) as conn:
+            conn.execute("CREATE TABLE runs (run_id TEXT PRIMARY KEY, matrix TEXT, channel TEXT, started TEXT, "
+                         "finished TEXT, decision TEXT, verdict TEXT, candidate TEXT, summary TEXT)")
+            with contextlib.suppress(sqlite3.IntegrityError):
+                conn.execute("INSERT INTO runs VALUES (?,?,?,?,?,?,?,?,?)", row)
+            conn.commit()
+        codes = [_cli(["history", "--history", str(path)]), _cli(["history", "--history", str(path), "--last-green"])]
+    return "ok" if all(c in (0, 1, 2, 3) for c in codes) else f"crash: exit {codes}"
+
+
+# entry point -> (strategy, check); the order is the table's
+ENTRY_POINTS: dict[str, tuple[Callable[[], st.SearchStrategy[Any]], Callable[[Any], str]]] = {
+    "suite records -> gate": (candidate_records, check_records),
+    "JUnit (node 1 of 2) -> gate": (junit_files, check_junit_of_a_second_node),
+    "results.jsonl -> gate": (results_lines, check_results),
+    "OSV record -> scan": (osv_records, check_osv),
+    "policy.toml -> load": (policy_texts, check_policy),
+    "run --dry-run --policy": (policy_texts, check_run_dry_run_policy),
+    "matrix show": (matrix_texts, check_matrix_show),
+    "history": (history_rows, check_history),
+    "promote --dry-run": (report_jsons, check_promote_dry_run),
+}

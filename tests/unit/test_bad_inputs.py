@@ -1,0 +1,54 @@
+"""Generated bad inputs at every boundary (tests/hostile.py): no exception but stackgate's own, no
+hang, and never GO on evidence that is missing, broken or contradicted. A fixed, derandomized profile
+bounds the time; `nox -s bad-inputs` runs >= 10,000 of them and prints the table."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+from tests import hostile
+
+CI = settings(max_examples=25, derandomize=True, database=None, deadline=None,
+              suppress_health_check=list(HealthCheck))
+
+
+@pytest.mark.parametrize("entry", list(hostile.ENTRY_POINTS))
+def test_no_crash_no_hang_no_false_go(entry: str) -> None:
+    strategy, check = hostile.ENTRY_POINTS[entry]
+
+    @CI
+    @given(strategy())
+    def each(value: Any) -> None:
+        assert hostile.outcome(lambda: check(value)) == "ok", value
+
+    each()
+
+
+def test_the_checks_can_fail() -> None:
+    """The oracle sees a false GO, a crash and a hang when there is one (a check that cannot fail is a defect)."""
+    fast = hostile._dump(hostile.FAST) + b"\n" + hostile._dump(hostile.LOSS_RECORD) + b"\n"
+    assert hostile.check_records(fast) == "false-go"  # the candidate as fast as production: GO
+    slow = hostile._dump(hostile.SLOW) + b"\n" + hostile._dump(hostile.LOSS_RECORD) + b"\n"
+    assert hostile.check_records(slow) == "ok"  # truly 3x slower, said plainly: NO-GO
+    assert hostile.outcome(lambda: str(1 / 0)).startswith("crash: ZeroDivisionError")
+
+    def forever() -> str:
+        while True:
+            pass
+
+    before, hostile.HANG_S = hostile.HANG_S, 1
+    try:
+        assert hostile.outcome(forever) == "hang"
+    finally:
+        hostile.HANG_S = before
+
+
+def test_the_shipped_json_schemas_are_the_models() -> None:
+    from stackgate.boundary import schemas
+    assert schemas.stale() == []
+    record = schemas.schemas()["suite-record"]
+    assert "metric" in json.dumps(record) and "LOWER" not in json.dumps(record)
