@@ -25,10 +25,10 @@ from hypothesis import strategies as st
 from stackgate import cli, gate, osv, results, shipped, suite
 from stackgate.errors import StackgateError
 from stackgate.junit import parse_junit
-from stackgate.model import Cell, CellResult, Decision, GpuClass, Metric, Role, RunnerPool, Stack, Status, Topology
+from stackgate.model import CellResult, Decision, Metric, Role, Status
 from stackgate.model import TestOutcome as Outcome
 from stackgate.policy import load_policy
-from stackgate.versions import CudaVariant, parse_torch
+from tests.unit.test_user_paths import _user_cells
 
 HANG_S = 10
 TODAY = dt.date(2026, 12, 6)
@@ -119,16 +119,7 @@ def mutated(record: dict[str, Any]) -> st.SearchStrategy[bytes]:
 
 
 # ------------------------------------------------------------------------------------ the gate's world
-def _cells() -> tuple[Cell, Cell]:
-    pool = RunnerPool("local", None, GpuClass.NONE, gpu="cpu", is_local=True)
-    prod = Cell(Stack(parse_torch("2.13.0"), CudaVariant("cpu"), "3.11"), pool, Topology(1, 2), Role.PRODUCTION,
-                required=True)
-    cand = Cell(Stack(parse_torch("2.14.1"), CudaVariant("cu130"), "3.11"), pool, Topology(1, 2), Role.CANDIDATE,
-                required=True, baseline=prod.id)
-    return prod, cand
-
-
-PROD, CAND = _cells()
+PROD, CAND = _user_cells()  # a CPU pair, both required
 STEPS = [10.0 + (i % 5) * 0.01 for i in range(12)]
 LOSS = [2.0 * 0.9**i for i in range(12)]
 # the candidate is truly 3x slower: whatever it writes about it, the gate may never say GO
@@ -245,20 +236,22 @@ def toml_values() -> st.SearchStrategy[str]:
                               "1979-05-27", '""', '"' + "x" * 600 + '"'])
 
 
+@st.composite
+def edited(draw: st.DrawFn, name: str, edits: int = 3, include: bool = False) -> bytes:
+    """A shipped TOML file with up to `edits` values replaced by hostile ones (and, for a matrix, an
+    [[include]] row with a hostile topology)."""
+    lines = (shipped.MATRIX_DIR / name).read_text().splitlines()
+    values = [i for i, line in enumerate(lines) if "=" in line and not line.lstrip().startswith("#")]
+    for _ in range(draw(st.integers(1, edits))):
+        i = draw(st.sampled_from(values))
+        lines[i] = f"{lines[i].split('=', 1)[0]}= {draw(toml_values())}"
+    if include and draw(st.booleans()):
+        lines += ["[[include]]", 'pool = "local"', f"topology = {draw(toml_values())}"]
+    return "\n".join(lines).encode()
+
+
 def policy_texts() -> st.SearchStrategy[bytes]:
-    base = (shipped.MATRIX_DIR / "policy.toml").read_text().splitlines()
-    values = [i for i, line in enumerate(base) if "=" in line and not line.lstrip().startswith("#")]
-
-    @st.composite
-    def edit(draw: st.DrawFn) -> bytes:
-        lines = list(base)
-        for _ in range(draw(st.integers(1, 3))):
-            i = draw(st.sampled_from(values))
-            key = lines[i].split("=", 1)[0]
-            lines[i] = f"{key}= {draw(toml_values())}"
-        return "\n".join(lines).encode()
-
-    return st.one_of(edit(), st.just(b"\xff\xfe[gate]\n"), st.just(("a = " + _deep(3000)).encode()),
+    return st.one_of(edited("policy.toml"), st.just(b"\xff\xfe[gate]\n"), st.just(("a = " + _deep(3000)).encode()),
                      st.just(b"[[waiver]]\nreason = 'x'\nexpires = 2027-01-01\n"), st.binary(max_size=40))
 
 
@@ -271,19 +264,7 @@ def check_policy(text: bytes) -> str:
 
 
 def matrix_texts() -> st.SearchStrategy[bytes]:
-    base = (shipped.MATRIX_DIR / "upgrade.toml").read_text().splitlines()
-    values = [i for i, line in enumerate(base) if "=" in line and not line.lstrip().startswith("#")]
-
-    @st.composite
-    def edit(draw: st.DrawFn) -> bytes:
-        lines = list(base)
-        i = draw(st.sampled_from(values))
-        lines[i] = f"{lines[i].split('=', 1)[0]}= {draw(toml_values())}"
-        if draw(st.booleans()):
-            lines += ["[[include]]", 'pool = "local"', f"topology = {draw(toml_values())}"]
-        return "\n".join(lines).encode()
-
-    return st.one_of(edit(), st.binary(max_size=40))
+    return st.one_of(edited("upgrade.toml", edits=1, include=True), st.binary(max_size=40))
 
 
 def _cli(argv: list[str]) -> int:
