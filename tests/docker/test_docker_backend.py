@@ -44,7 +44,7 @@ def test_single_node_cell_runs_torchrun_inside_its_container(docker_backend: Doc
                            timeout_s=300)
     result = run_cell(docker_backend, _cell(cpu_image, 1, 2), cpu_image, RunContext("d1", tmp_path, spec))
     assert result.status is Status.PASSED, result.log_tail[-4000:]
-    assert result.environment["torch"] == "2.13.0+cpu" and result.environment["backend"] == "docker"
+    assert result.environment.torch == "2.13.0+cpu" and result.environment.backend == "docker"
 
 
 def test_two_nodes_by_two_processes_fsdp_allreduce_and_a_killed_rank(docker_backend: DockerBackend,
@@ -270,7 +270,7 @@ def test_a_daemon_that_outlives_the_suite_is_ended_and_named_by_the_container(do
     cell = _cell(cpu_image, 1, 1)
     result = run_cell(docker_backend, cell, cpu_image, RunContext("d10", tmp_path / "run", spec))
     assert result.status is Status.PASSED, result.log_tail[-3000:]
-    left = result.environment.get("leftover_processes")
+    left = result.environment.leftover_processes
     assert left and "sleep 1001" in left[0], result.environment
     names = subprocess.run(["docker", "ps", "-a", "--format", "{{.Names}}"], capture_output=True, text=True,
                            check=True).stdout.split()

@@ -50,7 +50,7 @@ def test_a_two_node_cell_trains_fsdp_and_all_reduces_across_two_slurm_nodes(
     assert (cell_dir / "node0.log").read_text() and (cell_dir / "node1.log").read_text()  # both nodes' logs came back
     script = (cell_dir / "slurm" / "job-suite.sbatch").read_text()
     assert "#SBATCH --nodes=2" in script and "#SBATCH --partition=cpu" in script and "#SBATCH --time=10" in script
-    assert result.environment["launcher"] == "slurm"
+    assert result.environment.launcher == "slurm"
     seen = pressure.of_result(result.environment)  # #22: measured by each task on its node, the busiest node's
     assert seen is not None and seen.where in ("slurm node n1", "slurm node n2") and seen.wall_s > 0
     assert seen.some is not None and seen.steal is not None  # PSI and /proc/stat are offered on this kind of machine

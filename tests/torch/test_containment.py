@@ -43,7 +43,7 @@ def test_a_daemon_that_outlives_the_suite_is_ended_and_reported(backend: VenvBac
                                                                                     timeout_s=300))
     result = run_cell(backend, prod, torch_env, ctx)
     assert result.status.value == "passed", result.reason
-    left = result.environment.get("leftover_processes")
+    left = result.environment.leftover_processes
     assert left and "sleep 1001" in left[0], result.environment
     assert not proc.marked({"STACKGATE_RUN_ID": "contain-10"})  # nothing of the run is alive
 
