@@ -195,7 +195,10 @@ def check_junit_of_a_second_node(junit: bytes) -> str:
 
 def results_lines() -> st.SearchStrategy[bytes]:
     valid = {**CellResult(CAND.id, Role.CANDIDATE, Status.PASSED, metrics=(_metric(SLOW),)).to_json()}
-    return st.lists(st.one_of(mutated(valid), st.just(_dump(valid))), min_size=1, max_size=4).map(
+    rounds = [_dump({**valid, "cell_id": f"{CAND.id}@{phase}", "phase": phase})
+              for phase in ("repeat1000000000", "repeat٣", "aa99999999999", "rerun1001", "repeat1000")]
+    return st.lists(st.one_of(mutated(valid), st.just(_dump(valid)), st.sampled_from(rounds)), min_size=1,
+                    max_size=4).map(
         lambda lines: b"\n".join(lines) + b"\n")
 
 

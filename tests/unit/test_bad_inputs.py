@@ -52,3 +52,16 @@ def test_the_shipped_json_schemas_are_the_models() -> None:
     assert schemas.stale() == []
     record = schemas.schemas()["suite-record"]
     assert "metric" in json.dumps(record) and "LOWER" not in json.dumps(record)
+
+
+def test_a_phase_round_beyond_its_bound_is_not_a_result_and_no_loop() -> None:
+    """`"phase": "repeat1000000000"` looped about 10^9 times in the gate's round walk; non-ASCII digits
+    passed the pattern."""
+    from stackgate.model import MAX_ROUND, Phase, PhaseKind
+    assert Phase.parse(f"repeat{MAX_ROUND}") == Phase(PhaseKind.REPEAT, MAX_ROUND)
+    for text in (f"repeat{MAX_ROUND + 1}", "repeat1000000000", "repeat٣", "aa" + "9" * 40):
+        with pytest.raises(ValueError, match=r"phase"):
+            Phase.parse(text)
+    line = hostile._dump({"cell_id": "c@repeat1000000000", "role": "candidate", "status": "passed",
+                          "phase": "repeat1000000000"})
+    assert hostile.outcome(lambda: hostile.check_results(line + b"\n")) == "ok"
