@@ -12,7 +12,7 @@ from dataclasses import replace
 from stackgate import calibrate, pressure, results, stats
 from stackgate.evidence import MetricComparison, ParityCheck
 from stackgate.model import Cell, CellResult, Metric, PhaseKind, Reason, Severity
-from stackgate.policy import Policy
+from stackgate.policy import MetricRule, NumericsRule, Policy
 
 
 def _metric_index(result: CellResult) -> dict[str, Metric]:
@@ -168,7 +168,8 @@ def _runs(key: str, pairs: Sequence[Pair]) -> tuple[list[tuple[float, ...]], lis
     return base_runs, cand_runs
 
 
-def _kind_clash(key: str, metric: Metric | None, other: Metric | None, numerics: object, rule: object) -> str:
+def _kind_clash(key: str, metric: Metric | None, other: Metric | None, numerics: NumericsRule | None,
+                rule: MetricRule | None) -> str:
     """Why a metric cannot be compared as recorded: production and the candidate record it with
     different units or directions, or a rule gates it as what it is not (a numerics rule on a
     performance metric, a performance rule on a numerics series). "" when it can."""
@@ -238,11 +239,12 @@ def compare_pair(cand: Cell, base: Cell, cres: CellResult, bres: CellResult, pol
                 reasons.append(Reason(Severity.INCONCLUSIVE, f"{key}: a sample is NaN or infinite: cannot compare",
                                       cell=cand.id, test=metric.test, kind="perf-inconclusive"))
             continue
-        if rule_p is not None and min(stats.median(other.samples), stats.median(metric.samples)) <= 0:
-            reasons.append(Reason(Severity.INCONCLUSIVE, f"{key}: production's median {stats.median(other.samples):g}, "
-                                  f"the candidate's {stats.median(metric.samples):g}: a ratio of values that are zero "
-                                  "or negative says nothing; the suite recorded no measurement", cell=cand.id,
-                                  test=metric.test, kind="perf-inconclusive"))
+        medians = (stats.median(other.samples), stats.median(metric.samples)) if rule_p is not None else ()
+        if medians and min(medians) <= 0:  # (gated metrics only: the others are shown, not judged)
+            reasons.append(Reason(Severity.INCONCLUSIVE, f"{key}: production's median {medians[0]:g}, the "
+                                  f"candidate's {medians[1]:g}: a ratio of values that are zero or negative says "
+                                  "nothing; the suite recorded no measurement", cell=cand.id, test=metric.test,
+                                  kind="perf-inconclusive"))
             continue
         base_runs, cand_runs = _runs(key, kept)
         if not base_runs and not dropped and main_left_out:  # no concurrent pair recorded it: the main runs' steps

@@ -46,15 +46,7 @@ TREND_METRICS = ("recsys.step_time", "vit.step_time", "recsys.throughput", "vit.
                  "avg_busbw[collective=all_reduce*", "compile.time")
 
 
-@dataclass(frozen=True)
-class RunRow:
-    run_id: str
-    matrix: str
-    channel: str
-    started: str
-    decision: str
-    candidate: str
-    summary: str
+RunRow = rows_boundary.RunRow  # a row of `runs`, as `stackgate history` lists it
 
 
 SCHEMA_VERSION = 1  # PRAGMA user_version of what this stackgate writes; a newer database is refused
@@ -130,8 +122,7 @@ def runs(path: Path, limit: int = 20, matrix: str | None = None, skipped: list[s
             query += " WHERE matrix = ?"
             args = (matrix,)
         query += " ORDER BY started DESC, run_id DESC LIMIT ?"
-        found = rows_boundary.rows(rows_boundary.RunRow, conn.execute(query, (*args, limit)).fetchall(), "runs", skipped)
-        return [RunRow(r.run_id, r.matrix, r.channel, r.started, r.decision, r.candidate, r.summary) for r in found]
+        return rows_boundary.rows(RunRow, conn.execute(query, (*args, limit)).fetchall(), "runs", skipped)
 
 
 @dataclass(frozen=True)

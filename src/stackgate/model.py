@@ -330,7 +330,6 @@ class TestOutcome:
                 "message": self.message}
 
 
-
 @dataclass(frozen=True)
 class Metric:
     """A measurement with its samples (repeats). `better` says which direction is good."""

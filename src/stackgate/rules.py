@@ -14,7 +14,7 @@ from stackgate.policy import MetricRule, NumericsRule, Policy
 
 # what no waiver covers: evidence that is missing or cannot be read is never waived into a GO
 UNWAIVABLE = frozenset({"bad-record", "missing-result", "missing-metric", "no-candidate", "no-baseline",
-                        "bad-artifact", "unmatched-rule", "metric-mismatch", "unreadable-evidence"})
+                        "bad-artifact", "unmatched-rule", "metric-mismatch"})
 
 
 def unmatched(candidates: Sequence[Cell], results: Mapping[str, CellResult], policy: Policy) -> list[Reason]:
@@ -40,10 +40,9 @@ def unmatched(candidates: Sequence[Cell], results: Mapping[str, CellResult], pol
         hint = f"; did you mean {', '.join(close)}?" if close else ("; recorded: " + ", ".join(names[:8]) if names else
                                                                      "; no metric was recorded")
         severity = Severity.INCONCLUSIVE if any(c.required for c in cells) else Severity.INFO
-        for cell in cells[:1]:
-            out.append(Reason(severity, f"{kind} rule {_shown(rule)} ({line}) matches no metric recorded on "
-                              f"{', '.join(sorted({c.device for c in cells}))}: it gates nothing{hint}", cell=cell.id,
-                              kind="unmatched-rule"))
+        out.append(Reason(severity, f"{kind} rule {_shown(rule)} ({line}) matches no metric recorded on "
+                          f"{', '.join(sorted({c.device for c in cells}))}: it gates nothing{hint}", cell=cells[0].id,
+                          kind="unmatched-rule"))
     return out
 
 

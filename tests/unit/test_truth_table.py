@@ -491,13 +491,13 @@ def r_allow_listed_vulnerability_past_its_review(s: Situation) -> None:
 
 def r_vulnerability_beside_a_production_without_sbom(s: Situation) -> None:
     _stack(s, s.cand, "2.5.1")
-    s.edit(s.prod, lambda r: replace(r, environment={k: v for k, v in r.environment.items()
+    s.edit(s.prod, lambda r: replace(r, environment={k: v for k, v in r.environment.to_json().items()
                                                      if k not in ("stack_packages", "packages")}))
 
 
 def r_database_given_but_the_candidate_recorded_no_sbom(s: Situation) -> None:
     _stack(s, s.prod, "2.6.0")
-    s.edit(s.cand, lambda r: replace(r, environment={k: v for k, v in r.environment.items()
+    s.edit(s.cand, lambda r: replace(r, environment={k: v for k, v in r.environment.to_json().items()
                                                      if k not in ("stack_packages", "packages")}))
 
 

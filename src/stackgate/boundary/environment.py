@@ -68,14 +68,3 @@ class Environment(EnvironmentFields, OpenModel):
 
     def __bool__(self) -> bool:
         return bool(self.model_fields_set) or bool(self.model_extra)
-
-    def items(self) -> list[tuple[str, Any]]:
-        """Every field set, the suite's own included, for the report's listing."""
-        return list(self.to_json().items())
-
-    def value(self, key: str) -> Any:
-        """One field by its name, for the stack diff's listing of what changed (`report.data`)."""
-        return self.to_json().get(key)
-
-    def with_(self, **changes: Any) -> Environment:
-        return Environment.of({**self.to_json(), **changes})

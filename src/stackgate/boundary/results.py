@@ -45,16 +45,15 @@ class ResultLine(Model):
         return value
 
     def to_result(self) -> CellResult:
-        keys: dict[str, str] = {}
-        for m in self.metrics:
-            metric = m.to_metric()
-            if metric.key in keys:
-                raise ValueError(f"metric {metric.key} appears twice in one result")
-            keys[metric.key] = metric.key
+        metrics = tuple(m.to_metric() for m in self.metrics)
+        keys = [m.key for m in metrics]
+        if len(set(keys)) < len(keys):
+            twice = next(k for k in keys if keys.count(k) > 1)
+            raise ValueError(f"metric {twice} appears twice in one result")
         return CellResult(
             cell_id=self.cell_id, role=self.role, status=self.status, reason=self.reason,
             tests=tuple(TestOutcome(t.name, t.outcome, t.duration_s, t.message) for t in self.tests),
-            metrics=tuple(m.to_metric() for m in self.metrics), environment=self.environment,
+            metrics=metrics, environment=self.environment,
             warnings=tuple(self.warnings), log_tail=self.log_tail, duration_s=self.duration_s, cell=dict(self.cell),
             phase=Phase.parse(self.phase), against=self.against)
 

@@ -103,11 +103,10 @@ def stack_diffs(cells: Sequence[Cell], results: Mapping[str, CellResult]) -> tup
     """What changed between each production cell and its candidates, from captured environments."""
     out = []
     for base, cand, bres, cres in stack_pairs(cells, results):
-        facts = []
-        for key in ("torch", "cuda", "nccl", "cudnn", "triton", "python", "numpy", "nvidia_driver", "cuda_driver_api",
-                    "cuda_compat_in_use"):
-            a, b = str(bres.environment.value(key)), str(cres.environment.value(key))
-            facts.append((key, a, b))
+        shown = bres.environment.to_json(), cres.environment.to_json()  # what each recorded, the suite's own keys too
+        facts = [(key, str(shown[0].get(key)), str(shown[1].get(key)))
+                 for key in ("torch", "cuda", "nccl", "cudnn", "triton", "python", "numpy", "nvidia_driver",
+                             "cuda_driver_api", "cuda_compat_in_use")]
         bp, cp = _packages(bres), _packages(cres)
         changes = [PackageChange(n, bp.get(n), cp.get(n)) for n in sorted(set(bp) | set(cp)) if bp.get(n) != cp.get(n)]
         changes.sort(key=lambda ch: (not ch.name.startswith(KEY_PACKAGES), ch.name))
