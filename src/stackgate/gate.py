@@ -210,8 +210,9 @@ def _cell_reasons(cell: Cell, result: CellResult, is_required: bool, policy: Pol
                           kind=f"cell-{result.status.value}"))
         return out, known
     if not result.status.ran_suite:
-        out.append(Reason(bad, f"{prefix}cell {result.status.value}: {result.reason}", cell=cell.id,
-                          kind=f"cell-{result.status.value}"))
+        # a cell whose records or JUnit could not be read is unreadable evidence: no waiver covers it
+        kind = "unreadable-evidence" if result.environment.record_problems else f"cell-{result.status.value}"
+        out.append(Reason(bad, f"{prefix}cell {result.status.value}: {result.reason}", cell=cell.id, kind=kind))
         return out, known
     links = result.environment.refused_links
     if links:  # what production left for this candidate to read points out of the run: not evidence

@@ -14,7 +14,7 @@ from stackgate.policy import MetricRule, NumericsRule, Policy
 
 # what no waiver covers: evidence that is missing or cannot be read is never waived into a GO
 UNWAIVABLE = frozenset({"bad-record", "missing-result", "missing-metric", "no-candidate", "no-baseline",
-                        "bad-artifact", "unmatched-rule", "metric-mismatch"})
+                        "bad-artifact", "unreadable-evidence", "unmatched-rule", "metric-mismatch"})
 
 
 def unmatched(candidates: Sequence[Cell], results: Mapping[str, CellResult], policy: Policy) -> list[Reason]:

@@ -327,7 +327,9 @@ def _records(s: Situation, data: bytes, nodes: int = 1) -> None:
             '<testsuites><testsuite><testcase file="test_recsys.py" name="test_recsys_ddp_sharded_embeddings"/>'
             "</testsuite></testsuites>")
         built = suite.build_result(s.cand, [suite.NodeExit(n, "pytest", 0) for n in range(nodes)], Path(tmp), 1.0)
-    s.edit(s.cand, lambda r: replace(r, status=built.status, reason=built.reason))
+    problems = built.environment.record_problems
+    s.edit(s.cand, lambda r: replace(r, status=built.status, reason=built.reason,
+                                     environment=r.environment.model_copy(update={"record_problems": problems})))
 
 
 def r_record_not_utf8(s: Situation) -> None:
@@ -399,6 +401,13 @@ def r_waiver_never_covers_missing_evidence(s: Situation) -> None:
     s.cells.remove(cand)
     del s.results[cand.id]
     s.policy = replace(POLICY, waivers=(Waiver("*", "*", "everything", "", dt.date(2027, 1, 1), 1),))
+
+
+def r_waiver_never_covers_unreadable_evidence(s: Situation) -> None:
+    """A waiver naming the candidate cell waived its ERROR, unreadable records included: a 3x slowdown
+    written as "1111" strings was GO under `[[waiver]] cells = [<the cell>]`."""
+    _records(s, b'{"name": "recsys.step_time", "unit": "ms", "samples": ["1111", "1111", "1111"]}\n')
+    s.policy = replace(POLICY, waivers=(Waiver(s.cand.id, "*", "known broken cell", "", dt.date(2027, 1, 1), 1),))
 
 
 def r_typo_in_a_performance_rule(s: Situation) -> None:
@@ -594,8 +603,8 @@ ROWS: list[tuple[Callable[[Situation], None], Decision, str]] = [
     (r_fails_in_production_not_run_in_the_candidate, Decision.GO, ""),
     (r_hundred_thousand_samples, Decision.GO, ""),
     (r_extreme_finite_samples, Decision.NO_GO, "regression"),
-    (r_record_not_utf8, Decision.NO_GO, "cell-error"),
-    (r_record_beyond_the_size_limit, Decision.NO_GO, "cell-error"),
+    (r_record_not_utf8, Decision.NO_GO, "unreadable-evidence"),
+    (r_record_beyond_the_size_limit, Decision.NO_GO, "unreadable-evidence"),
     (r_broken_cached_environment, Decision.INCONCLUSIVE, "cell-infra-error"),
     (r_host_pip_constraint, Decision.INCONCLUSIVE, "cell-infra-error"),
     (r_candidate_adds_a_fixable_critical_vulnerability, Decision.NO_GO, "vulnerability"),
@@ -612,16 +621,17 @@ ROWS: list[tuple[Callable[[Situation], None], Decision, str]] = [
     (r_candidate_grows_beyond_the_size_limit, Decision.NO_GO, "size"),
     (r_candidate_grows_within_the_size_limit, Decision.GO, ""),
     (r_advisory_whose_range_cannot_be_ordered, Decision.INCONCLUSIVE, "vulnerability-unclassified"),
-    (r_better_not_a_direction, Decision.NO_GO, "cell-error"),
-    (r_sample_a_string, Decision.NO_GO, "cell-error"),
-    (r_sample_a_boolean, Decision.NO_GO, "cell-error"),
-    (r_metric_recorded_twice, Decision.NO_GO, "cell-error"),
+    (r_better_not_a_direction, Decision.NO_GO, "unreadable-evidence"),
+    (r_sample_a_string, Decision.NO_GO, "unreadable-evidence"),
+    (r_sample_a_boolean, Decision.NO_GO, "unreadable-evidence"),
+    (r_metric_recorded_twice, Decision.NO_GO, "unreadable-evidence"),
     (r_gated_metric_recorded_as_equal, Decision.INCONCLUSIVE, "metric-mismatch"),
     (r_units_disagree, Decision.INCONCLUSIVE, "metric-mismatch"),
     (r_all_zero_samples_on_both_sides, Decision.INCONCLUSIVE, "perf-inconclusive"),
     (r_nan_beyond_the_step_window, Decision.NO_GO, "numerics"),
-    (r_node_without_junit, Decision.NO_GO, "cell-error"),
+    (r_node_without_junit, Decision.NO_GO, "unreadable-evidence"),
     (r_waiver_never_covers_missing_evidence, Decision.INCONCLUSIVE, "no-candidate"),
+    (r_waiver_never_covers_unreadable_evidence, Decision.NO_GO, "unreadable-evidence"),
     (r_typo_in_a_performance_rule, Decision.INCONCLUSIVE, "unmatched-rule"),
     (r_typo_in_a_rules_tag, Decision.INCONCLUSIVE, "unmatched-rule"),
     (r_typo_in_a_numerics_rule, Decision.INCONCLUSIVE, "unmatched-rule"),
