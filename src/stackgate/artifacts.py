@@ -13,15 +13,14 @@ import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 from stackgate import tomlfile
+from stackgate.boundary import stacks as stacks_boundary
 from stackgate.errors import ConfigError
 from stackgate.report.files import atomic_write
 
-SCHEMA = 1
+SCHEMA = stacks_boundary.SCHEMA
 DEFAULT_REPOSITORY = "stackgate/stack"
-DIGEST_REF = re.compile(r"^[a-z0-9][^@\s]*@sha256:[0-9a-f]{64}$")
 _REGISTRY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.-]*(:[0-9]+)?(/[a-z0-9._/-]+)?$")
 _REPOSITORY = re.compile(r"^[a-z0-9]+([._-][a-z0-9]+)*(/[a-z0-9]+([._-][a-z0-9]+)*)*$")
 
@@ -99,25 +98,5 @@ def write(path: Path, found: Mapping[str, StackArtifact], registry_name: str) ->
 
 
 def read(path: Path) -> dict[str, StackArtifact]:
-    """stacks.json, checked: every entry names its image by digest."""
-    try:
-        data: Any = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"--stacks {path}: no such file",
-                          hint="`stackgate build --push` writes it (or pass the file your build job produced)") from None
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"--stacks {path}: not readable JSON ({exc})") from None
-    if not isinstance(data, dict) or data.get("schema") != SCHEMA or not isinstance(data.get("stacks"), dict):
-        raise ConfigError(f"--stacks {path}: not a stacks.json of schema {SCHEMA}",
-                          hint="write it with `stackgate build --push`")
-    out = {}
-    fields = set(StackArtifact.__dataclass_fields__)
-    for label, entry in data["stacks"].items():
-        if not isinstance(entry, dict) or set(entry) != fields:
-            raise ConfigError(f"--stacks {path}: stack {label!r} needs exactly {', '.join(sorted(fields))}")
-        artifact = StackArtifact(**entry)
-        if not DIGEST_REF.match(artifact.image) or artifact.stack != label:
-            raise ConfigError(f"--stacks {path}: stack {label!r}: image {artifact.image!r} is not repo@sha256:<64 hex>",
-                              hint="a pool runner pulls by digest only; a tag can move")
-        out[label] = artifact
-    return out
+    """stacks.json, checked at the boundary: every entry names its image by digest."""
+    return {label: StackArtifact(**entry.model_dump()) for label, entry in stacks_boundary.read(path).stacks.items()}

@@ -1,6 +1,6 @@
-"""Bundles: every run directory is one. `run.json` is its manifest: the run definition (what was
-tested and how it is judged, independent of the machine: content hashes, not paths), the selection
-(which pools, cells and shard this runner took), the stackgate version and the host probe.
+"""Bundles: every run directory is one, and its manifest (run.json, `rundir.manifest`) holds the run
+definition (what was tested and how it is judged, independent of the machine: content hashes, not
+paths) and the selection (which pools, cells and shard this runner took).
 
 `--resume` must see the same definition and selection; `stackgate merge` needs bundles with one
 definition and gates the whole matrix over their results."""
@@ -8,26 +8,20 @@ definition and gates the whole matrix over their results."""
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stackgate import __version__, results
+from stackgate.boundary.manifest import Manifest
 from stackgate.errors import ConfigError
-from stackgate.model import CellResult
 from stackgate.options import flag_of
 from stackgate.policy import Policy
-from stackgate.report.files import atomic_write
+from stackgate.rundir import manifest as run_manifest
+from stackgate.rundir import results
+from stackgate.rundir.manifest import differences, digest, stack_images
 from stackgate.suite import suite_digest
-
-MANIFEST = "run.json"
-
-
-def digest(data: bytes | str) -> str:
-    return hashlib.sha256(data.encode() if isinstance(data, str) else data).hexdigest()[:16]
 
 
 def policy_fingerprint(policy: Policy) -> str:
@@ -57,10 +51,6 @@ def definition(*, matrix: Path, config_dir: Path, candidate: Sequence[object], p
     if suite_requirements:  # (absent when empty: bundles written before it stay comparable)
         defined["suite_requirements"] = " ".join(suite_requirements)
     return defined
-
-
-def definition_hash(defined: Mapping[str, str]) -> str:
-    return digest(json.dumps(dict(defined), sort_keys=True))
 
 
 def selection(*, pools: Sequence[str], only: Sequence[str], shard: str | None) -> dict[str, str]:
@@ -104,51 +94,12 @@ def _flags(options: Mapping[str, Any]) -> str:
     return " ".join(words)
 
 
-def write_manifest(run_dir: Path, *, defined: Mapping[str, str], selected: Mapping[str, str], cells: Sequence[str],
-                   host_probe: Mapping[str, Any] | None = None, merged_from: Sequence[str] = (),
-                   options: Mapping[str, Any] | None = None) -> None:
-    atomic_write(run_dir / MANIFEST, json.dumps({
-        "definition": dict(defined), "definition_hash": definition_hash(defined), "selection": dict(selected),
-        "options": dict(options or {}),
-        "stackgate_version": __version__, "cells": list(cells), "host_probe": dict(host_probe or {}),
-        "merged_from": list(merged_from),
-    }, indent=1, sort_keys=True))
-
-
-LOCAL_BUILD = "local build (no registry digest)"
-
-
-def stack_images(found: Mapping[str, CellResult]) -> dict[str, list[str]]:
-    """Stack label -> the images (by registry digest, else "local build") its cells ran, from the
-    results' environments (the Docker backend's account of each cell)."""
-    out: dict[str, set[str]] = {}
-    for result in found.values():
-        label = result.environment.stack_label
-        if label:
-            out.setdefault(label, set()).add(result.environment.image_digest or LOCAL_BUILD)
-    return {k: sorted(v) for k, v in sorted(out.items())}
-
-
-def record_stacks(run_dir: Path, found: Mapping[str, CellResult]) -> dict[str, list[str]]:
-    """run.json gains `stacks`: the image of every stack the run ran (what a merge compares)."""
-    stacks = stack_images(found)
-    path = run_dir / MANIFEST
-    try:
-        manifest = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return stacks
-    if manifest.get("stacks") != stacks:
-        manifest["stacks"] = stacks
-        atomic_write(path, json.dumps(manifest, indent=1, sort_keys=True))
-    return stacks
-
-
 def check_same_images(bundles: Sequence[Bundle]) -> None:
     """Every bundle of a fleet run must have run one image of each stack: a stack seen by two digests
     (or by a digest in one bundle and a local build in another) is refused, naming both (exit 2)."""
     seen: dict[str, tuple[str, Path]] = {}
     for b in bundles:
-        recorded = b.manifest.get("stacks") or {}
+        recorded = b.manifest.stacks
         ran = stack_images(b.read.results)
         for label in sorted(set(recorded) | set(ran)):
             images = sorted({*recorded.get(label, ()), *ran.get(label, ())})
@@ -164,52 +115,25 @@ def check_same_images(bundles: Sequence[Bundle]) -> None:
                                        "(`stackgate run --pool NAME --stacks stacks.json`)")
 
 
-def read_manifest(run_dir: Path) -> dict[str, Any]:
-    path = run_dir / MANIFEST
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        raise ConfigError(f"{path} is missing or unreadable: {run_dir} is not a stackgate run (bundle)",
-                          hint="a bundle is the run directory `stackgate run` wrote (reports/<run-id>)") from None
-    if not isinstance(data, dict) or not isinstance(data.get("definition"), dict):
-        raise ConfigError(f"{path} has no run definition", hint="was it written by an older stackgate?")
-    return data
-
-
-def differences(before: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
-    return [f"{k}: was {before.get(k)!r}, now {now.get(k)!r}" for k in sorted(set(before) | set(now))
-            if before.get(k) != now.get(k)]
-
-
-def check_resume(run_dir: Path, defined: Mapping[str, str], selected: Mapping[str, str]) -> None:
-    """A resumed run must be the same run: same definition, same selection."""
-    manifest = read_manifest(run_dir)
-    changed = differences(manifest["definition"], defined) + differences(manifest.get("selection", {}), selected)
-    if changed:
-        raise ConfigError(f"cannot resume {run_dir.name}: the run's definition changed: " + "; ".join(changed),
-                          hint="resume with the same matrix, candidate, policy, suite and selection, or start a "
-                               "new run")
-
-
 @dataclass(frozen=True)
 class Bundle:
     path: Path
-    manifest: dict[str, Any]
+    manifest: Manifest
     read: results.ResultLines
 
     @property
     def pools(self) -> str:
-        return str(self.manifest.get("selection", {}).get("pools", "?"))
+        return self.manifest.pools
 
 
-def _merge_hint(manifests: Sequence[tuple[Path, Mapping[str, Any]]], defined: Mapping[str, str]) -> str:
+def _merge_hint(manifests: Sequence[tuple[Path, Manifest]], defined: Mapping[str, str]) -> str:
     """When the bundles agree with each other, it is the merge's own options that differ: say which
     to repeat (from what the bundles recorded); else they come from different fleet runs."""
     first = manifests[0][1]
-    if any(differences(m["definition"], first["definition"]) for _, m in manifests[1:]):
+    if any(differences(m.definition, first.definition) for _, m in manifests[1:]):
         return "the bundles differ from each other too: merge only the bundles of one fleet run"
-    keys = {k for k in set(first["definition"]) | set(defined) if first["definition"].get(k) != defined.get(k)}
-    given = first.get("options") or {}
+    keys = {k for k in set(first.definition) | set(defined) if first.definition.get(k) != defined.get(k)}
+    given = first.options
     wanted = {n: given[n] for k in sorted(keys) for n in DEFINED_BY.get(k, ()) if n in given}
     named = sorted({n for k in keys for n in DEFINED_BY.get(k, ())})
     if wanted:
@@ -224,9 +148,9 @@ def load_bundles(paths: Sequence[Path], defined: Mapping[str, str]) -> list[Bund
     policy, suite or matrix is refused (exit 2), saying which differ. A cell in two bundles too."""
     bundles = []
     owner: dict[str, Path] = {}
-    manifests = [(path, read_manifest(path)) for path in paths]
+    manifests = [(path, run_manifest.read(path)) for path in paths]
     for path, manifest in manifests:
-        changed = differences(manifest["definition"], defined)
+        changed = differences(manifest.definition, defined)
         if changed:
             raise ConfigError(f"bundle {path} belongs to another run definition: " + "; ".join(changed),
                               hint=_merge_hint(manifests, defined))

@@ -9,10 +9,11 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
-from stackgate import calibrate, pressure, results, stats
+from stackgate import calibrate, pressure, stats
 from stackgate.evidence import MetricComparison, ParityCheck
 from stackgate.model import Cell, CellResult, Metric, PhaseKind, Reason, Severity
 from stackgate.policy import MetricRule, NumericsRule, Policy
+from stackgate.rundir import results
 
 
 def _metric_index(result: CellResult) -> dict[str, Metric]:
@@ -157,11 +158,24 @@ def _held_by_a_pair_apart(cmp: stats.Comparison) -> bool:
     return cmp.outcome is stats.Outcome.REGRESSION and cmp.apart_worse > 0
 
 
-def _runs(key: str, pairs: Sequence[Pair]) -> tuple[list[tuple[float, ...]], list[tuple[float, ...]]]:
+class _Indexes:
+    """Each run's metrics by key, indexed once per comparison (not once per metric compared)."""
+
+    def __init__(self) -> None:
+        self._by_run: dict[int, tuple[CellResult, dict[str, Metric]]] = {}
+
+    def __call__(self, result: CellResult) -> dict[str, Metric]:
+        found = self._by_run.get(id(result))
+        if found is None or found[0] is not result:
+            found = self._by_run[id(result)] = (result, _metric_index(result))
+        return found[1]
+
+
+def _runs(key: str, pairs: Sequence[Pair], index: _Indexes) -> tuple[list[tuple[float, ...]], list[tuple[float, ...]]]:
     """A metric's samples per run, production and candidate, in pairs (main run, then each repeat)."""
     base_runs, cand_runs = [], []
     for b, c in pairs:
-        bm, cm = _metric_index(b).get(key), _metric_index(c).get(key)
+        bm, cm = index(b).get(key), index(c).get(key)
         if bm is not None and cm is not None and bm.samples and cm.samples:
             base_runs.append(bm.samples)
             cand_runs.append(cm.samples)
@@ -195,7 +209,8 @@ def compare_pair(cand: Cell, base: Cell, cres: CellResult, bres: CellResult, pol
                  missing: Severity, repeats: Sequence[Pair] = ()
                  ) -> tuple[list[MetricComparison], list[ParityCheck], list[Reason]]:
     comparisons, parity, reasons = [], [], []
-    bmetrics, cmetrics = _metric_index(bres), _metric_index(cres)
+    index = _Indexes()
+    bmetrics, cmetrics = index(bres), index(cres)
     limit = policy.max_pressure
     every = compared_pairs(bres, cres, repeats, policy)
     main_left_out = len(every) == len(repeats)  # concurrent pairs: compared without the main runs
@@ -246,9 +261,9 @@ def compare_pair(cand: Cell, base: Cell, cres: CellResult, bres: CellResult, pol
                                   "nothing; the suite recorded no measurement", cell=cand.id, test=metric.test,
                                   kind="perf-inconclusive"))
             continue
-        base_runs, cand_runs = _runs(key, kept)
+        base_runs, cand_runs = _runs(key, kept, index)
         if not base_runs and not dropped and main_left_out:  # no concurrent pair recorded it: the main runs' steps
-            base_runs, cand_runs = _runs(key, disturbed([(bres, cres)], limit)[0])
+            base_runs, cand_runs = _runs(key, disturbed([(bres, cres)], limit)[0], index)
         if rule_p is not None and rule_p.method == "threshold":
             cmp = stats.threshold(other.samples, metric.samples, better=metric.better, tolerance=rule_p.tolerance)
         elif rule_p is not None and not base_runs:

@@ -14,7 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from stackgate import bundle, errors, gate, history, matrix, osv, results, supply
+from stackgate import errors, gate, history, matrix, osv, supply
 from stackgate.console import Printer
 from stackgate.errors import ConfigError, ExitCode
 from stackgate.evidence import GateOutcome
@@ -23,6 +23,7 @@ from stackgate.model import Cell, Decision, Severity, Verdict
 from stackgate.options import Options
 from stackgate.report import html_report, json_report, junit, markdown
 from stackgate.report.data import RunReport, counts, now, performance_rows, stack_diffs
+from stackgate.rundir import RunDir, manifest, results
 
 
 def decide_and_report(opts: Options, env: Mapping[str, str], loaded: Loaded, chosen: matrix.Expansion,
@@ -32,7 +33,7 @@ def decide_and_report(opts: Options, env: Mapping[str, str], loaded: Loaded, cho
     history's record, and the console's summary: (exit code, why the history failed, if it did)."""
     read = results.read_all(run_dir)
     all_results = read.results
-    bundle.record_stacks(run_dir, all_results)
+    manifest.record_stacks(run_dir, all_results)
     database = loaded.policy.supply.database
     scans = supply.scan(chosen.cells, all_results, osv.load(database) if database is not None else None)
     outcome = gate.decide(chosen.cells, chosen.not_here, all_results, loaded.policy, dt.date.today(),
@@ -177,10 +178,10 @@ def _nightly_marks(opts: Options, loaded: Loaded, run_id: str, decision: str) ->
 
 def _manifest_probe(run_dir: Path) -> dict[str, Any]:
     try:
-        found = bundle.read_manifest(run_dir).get("host_probe") or {}
+        found = manifest.read(run_dir).host_probe
     except ConfigError:
         return {}
-    return dict(found) if isinstance(found, dict) else {}
+    return {pool: row.model_dump(mode="json") for pool, row in found.items()}
 
 
 def why_lines(verdict: Verdict, limit: int = 10) -> list[str]:
@@ -218,16 +219,17 @@ def exit_code(report: RunReport) -> int:
 
 def write_reports(report: RunReport, run_dir: Path, code: int, step_summary: str | None) -> None:
     """Each report atomically (a report is whole or absent); a full disk is one line of exit 3."""
-    writers: tuple[tuple[str, Callable[[Path], None]], ...] = (
-        ("report.json", lambda p: json_report.write(report, p, code)),
-        ("report.md", lambda p: markdown.write(report, p, step_summary)),
-        ("junit.xml", lambda p: junit.write(report, p)),
-        ("report.html", lambda p: html_report.write(report, p)))
-    for name, write in writers:
+    where = RunDir(run_dir)
+    writers: tuple[tuple[Path, Callable[[Path], None]], ...] = (
+        (where.report_json, lambda p: json_report.write(report, p, code)),
+        (where.report_md, lambda p: markdown.write(report, p, step_summary)),
+        (where.junit, lambda p: junit.write(report, p)),
+        (where.report_html, lambda p: html_report.write(report, p)))
+    for path, write in writers:
         try:
-            write(run_dir / name)
+            write(path)
         except OSError as exc:
-            raise errors.disk_full(run_dir / name, exc) from None
+            raise errors.disk_full(path, exc) from None
 
 
 @contextlib.contextmanager

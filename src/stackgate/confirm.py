@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from stackgate import results
 from stackgate.model import Cell, CellResult, Outcome, PhaseKind
+from stackgate.rundir import results
 
 
 def is_failure(outcome: str) -> bool:

@@ -8,12 +8,13 @@ import datetime as dt
 from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 
-from stackgate import probe, results
+from stackgate import probe
 from stackgate.boundary.environment import Environment
 from stackgate.console import Printer
 from stackgate.inputs import Loaded
 from stackgate.model import Cell, CellResult, Role, Status
 from stackgate.options import Options
+from stackgate.rundir import results
 
 
 def nightly_guards(opts: Options, loaded: Loaded, cells: Sequence[Cell], say: Printer) -> dict[str, str]:
@@ -62,7 +63,7 @@ def record_stopped(run_dir: Path, cells: Sequence[Cell], unfit: Mapping[str, pro
         found = unfit.get(cell.pool.name)
         if found is not None:
             results.append(run_dir, CellResult(cell.id, cell.role, Status(found.status), reason="; ".join(
-                found.evidence), cell=cell.to_json(), environment=Environment.of({"host_probe": found.to_json()})))
+                found.evidence), cell=cell.record(), environment=Environment.of({"host_probe": found.to_json()})))
         elif cell.id in blocked:
             results.append(run_dir, CellResult(cell.id, cell.role, Status.NO_BUILD, reason=blocked[cell.id],
-                                               cell=cell.to_json()))
+                                               cell=cell.record()))

@@ -85,7 +85,7 @@ def record(path: Path, *, run_id: str, matrix: str, channel: str, started: str, 
         conn.executemany("INSERT OR REPLACE INTO metrics VALUES (?,?,?,?,?,?,?)", _metric_rows(run_id, results))
         conn.execute("DELETE FROM cells WHERE run_id = ?", (run_id,))
         conn.executemany("INSERT OR REPLACE INTO cells VALUES (?,?,?,?,?)",
-                         [(run_id, r.cell_id, r.role.value, str(r.cell.get("stack", {}).get("torch", "")),
+                         [(run_id, r.cell_id, r.role.value, r.cell.stack.torch,
                            r.status.value) for r in results if r.phase == MAIN])
 
 

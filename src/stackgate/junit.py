@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from stackgate.model import Outcome, TestOutcome
+from stackgate.rundir.layout import junit_name
 
 MAX_JUNIT_BYTES = 256 << 20  # one JUnit file (pytest writes ~1 kB per test)
 _NAME = re.compile(r"junit-node([0-9]+)-(.+)\.xml")
@@ -66,10 +67,10 @@ def missing_nodes(paths: list[Path], nodes: set[int], junit: JUnit) -> list[str]
     out = []
     for node in sorted(nodes):
         for label in labels:
-            name = f"junit-node{node}-{label}.xml"
+            name = junit_name(node, label)
             if (node, label) not in seen:
                 out.append(f"{name}: missing (node {node} ran, but left no JUnit for its {label} run)")
-            elif junit.cases.get(name) == 0 and any(junit.cases.get(f"junit-node{n}-{label}.xml") for n in nodes):
+            elif junit.cases.get(name) == 0 and any(junit.cases.get(junit_name(n, label)) for n in nodes):
                 out.append(f"{name}: empty (no test case, while another node's {label} run recorded tests)")
     return out
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from packaging.version import Version
 
+from stackgate.boundary.cell import CellRecord
 from stackgate.boundary.environment import Environment
 from stackgate.versions import CudaVariant, Driver
 
@@ -204,6 +205,10 @@ class Cell:
             "stack": self.stack.to_json(),
         }
 
+    def record(self, phase: Phase | None = None) -> CellRecord:
+        """The cell as a result records it (with the phase of the attempt, where given)."""
+        return CellRecord.of({**self.to_json(), **({"phase": str(phase)} if phase is not None else {})})
+
 
 class PhaseKind(str, enum.Enum):
     MAIN = "main"  # the cell's suite, once
@@ -366,13 +371,15 @@ class CellResult:
     warnings: tuple[str, ...] = ()
     log_tail: str = ""
     duration_s: float = 0.0
-    cell: dict[str, Any] = field(default_factory=dict)
+    cell: CellRecord = field(default_factory=CellRecord)
     phase: Phase = MAIN
     against: str = ""  # rollback: the candidate cell whose artifacts production read
 
     def __post_init__(self) -> None:
         if not isinstance(self.environment, Environment):  # given as JSON data: validated like what is read
             object.__setattr__(self, "environment", Environment.of(self.environment))
+        if not isinstance(self.cell, CellRecord):
+            object.__setattr__(self, "cell", CellRecord.of(self.cell))
 
     def test(self, name: str) -> TestOutcome | None:
         for outcome in self.tests:
@@ -382,7 +389,7 @@ class CellResult:
 
     def to_json(self) -> dict[str, Any]:
         return {"cell_id": self.cell_id, "role": self.role.value, "status": self.status.value, "reason": self.reason,
-                "duration_s": round(self.duration_s, 3), "cell": self.cell, "tests": [t.to_json() for t in self.tests],
+                "duration_s": round(self.duration_s, 3), "cell": self.cell.to_json(), "tests": [t.to_json() for t in self.tests],
                 "metrics": [m.to_json() for m in self.metrics], "environment": self.environment.to_json(),
                 "warnings": list(self.warnings), "log_tail": self.log_tail, "phase": str(self.phase),
                 "against": self.against}

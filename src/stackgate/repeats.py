@@ -7,10 +7,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping, Sequence
 
-from stackgate import comparison, results, stats
+from stackgate import comparison, stats
 from stackgate.confirm import is_failure
 from stackgate.model import ROLLBACK, Cell, CellResult, Phase, PhaseKind, Role, repeat
 from stackgate.policy import Policy
+from stackgate.rundir import results
 from stackgate.runner import Attempt
 
 WHOLE_SUITE = "*"

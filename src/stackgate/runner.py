@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from stackgate import pressure, proc, resolve, results
+from stackgate import pressure, proc, resolve
 from stackgate.backends.base import Backend, EnvHandle, Execution, PrepareFailed
 from stackgate.boundary.environment import Environment
 from stackgate.console import Console, Printer
@@ -26,7 +26,8 @@ from stackgate.errors import InfraError
 from stackgate.model import MAIN, Cell, CellResult, Phase, PhaseKind, Role, Status
 from stackgate.plan import plan_envs
 from stackgate.policy import Policy
-from stackgate.suite import ATTEMPT_PREFIX, NodeExit, RunContext, build_result, node_commands
+from stackgate.rundir import RunDir, results
+from stackgate.suite import NodeExit, RunContext, build_result, node_commands
 
 
 @dataclass(frozen=True)
@@ -79,13 +80,14 @@ def run_cell(backend: Backend, cell: Cell, handle: EnvHandle, ctx: RunContext,
              gauge: Callable[[], pressure.Counters] = pressure.read) -> CellResult:
     """One cell on any backend: the suite's node plan, executed invocation by invocation (the nodes
     of each at the same time) under one deadline, then collected into a CellResult."""
-    workdir, shared = ctx.fresh_cell_dir(cell)
+    cell_dir = ctx.fresh_cell_dir(cell)
+    workdir, shared = cell_dir.root, cell_dir.shared
     tag = hashlib.sha1(f"{ctx.run_id}/{ctx.result_id(cell)}/{secrets.token_hex(4)}".encode()).hexdigest()[:10]
     exe = Execution(cell, workdir, ctx.artifacts_of(cell), shared, ctx.suite.path.resolve(), tag, ctx.on_line,
                     ctx.cpus)
     # this attempt's JUnit and records go where only it writes: a process of a killed attempt that is
     # still alive writes into a directory that is gone or never read, not into this attempt's evidence
-    evidence = workdir / f"{ATTEMPT_PREFIX}{tag}"
+    evidence = cell_dir.attempt(tag)
     evidence.mkdir()
     base_layout = backend.layout(handle, exe)
     layout = replace(base_layout, out=base_layout.out / evidence.name)
@@ -117,7 +119,7 @@ class Runner:
         self._plans = {p.stack.content_hash: p for p in plan_envs(cells)}
         self._resolutions = resolutions or {}
         self._handles: dict[str, Handle] = {}
-        self.log_dir = ctx.run_dir / "build"
+        self.log_dir = RunDir(ctx.run_dir).build_logs
         self.log_dir.mkdir(parents=True, exist_ok=True)
 
     def environment(self, cell: Cell) -> Handle:
@@ -245,7 +247,7 @@ class Runner:
 
         def did_not_run(status: Status, reason: str, log_tail: str = "") -> CellResult:
             return CellResult(cell_id=label, role=cell.role, status=status, reason=reason, log_tail=log_tail,
-                              cell=cell.to_json(), phase=ctx.phase, against=ctx.against.id if ctx.against else "")
+                              cell=cell.record(), phase=ctx.phase, against=ctx.against.id if ctx.against else "")
 
         if isinstance(handle, Unprepared):
             return ctx.mask.result(did_not_run(Status.INFRA_ERROR, handle.reason))
@@ -270,8 +272,8 @@ class Runner:
         if ctx.suite_deps:
             environment["suite_requirements"] = dict(ctx.suite_deps)
         result = ctx.mask.result(replace(result, environment=Environment.of(environment)))
-        cell_dir = ctx.run_dir / "cells" / label
-        for folder in (cell_dir, *cell_dir.glob(f"{ATTEMPT_PREFIX}*")):  # what the nodes and pytest wrote there
+        cell_dir = RunDir(ctx.run_dir).cell(label)
+        for folder in (cell_dir.root, *cell_dir.attempts()):  # what the nodes and pytest wrote there
             ctx.mask.scrub(folder)
         left = result.environment.leftover_processes
         if left:  # every backend reports them the same way (NodeExit.leftovers)
@@ -309,7 +311,7 @@ def stack_artifacts(run_dir: Path, cell: Cell) -> Path:
     with a copy of production's artifacts to read and its own `candidate/` to write; that
     candidate's rollback (production reading it) uses the same directory."""
     pool, topo = cell.comparison_key
-    group = run_dir / "artifacts" / f"{pool}-{topo}"
+    group = RunDir(run_dir).artifacts(pool, topo)
     if cell.role is Role.PRODUCTION:
         return group / "production-main"
     return group / cell.stack.label

@@ -71,9 +71,9 @@ def _pool(device: str, nproc: int) -> RunnerPool:
 
 
 def _cell(result: CellResult, pool: RunnerPool) -> Cell:
-    stack = result.cell["stack"]
-    nodes, nproc = (int(x) for x in str(result.cell["topology"]).split("x"))
-    return Cell(Stack(parse_torch(stack["torch"]), CudaVariant.parse(stack["cuda"]), stack["python"]), pool,
+    stack = result.cell.stack
+    nodes, nproc = result.cell.nodes_and_processes
+    return Cell(Stack(parse_torch(stack.torch), CudaVariant.parse(stack.cuda), stack.python), pool,
                 Topology(nodes, nproc), result.role, required=True)
 
 
@@ -107,7 +107,7 @@ def recorded(device: str = "cpu") -> Recorded:
     main = [r for r in rows if r.phase == MAIN]
     prod_r = next(r for r in main if r.role is Role.PRODUCTION)
     cand_r = next(r for r in main if r.role is Role.CANDIDATE)
-    nproc = int(str(cand_r.cell["topology"]).split("x")[1])
+    nproc = cand_r.cell.nodes_and_processes[1]
     pool = _pool(device, nproc)
     prod = _cell(prod_r, pool)
     cand = replace(_cell(cand_r, pool), baseline=prod.id)
@@ -116,8 +116,8 @@ def recorded(device: str = "cpu") -> Recorded:
         cand_r = replace(cand_r, metrics=tuple(_on_device(m) for m in cand_r.metrics))
     base = {m.key: m for m in prod_r.metrics}
     cand_metrics = tuple(replace(base[m.key], test=m.test) if m.key in base else m for m in cand_r.metrics)
-    results = {prod.id: replace(prod_r, cell_id=prod.id, cell=prod.to_json()),
-               cand.id: replace(cand_r, cell_id=cand.id, metrics=cand_metrics, cell=cand.to_json())}
+    results = {prod.id: replace(prod_r, cell_id=prod.id, cell=prod.record()),
+               cand.id: replace(cand_r, cell_id=cand.id, metrics=cand_metrics, cell=cand.record())}
     for r in rows:
         if r.phase == ROLLBACK:
             rid = prod.result_id(ROLLBACK, cand)

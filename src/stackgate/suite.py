@@ -24,10 +24,10 @@ from stackgate.junit import missing_nodes, read_junit
 from stackgate.masking import Masker
 from stackgate.model import MAIN, ROLLBACK, Cell, CellResult, Phase, Status, TestOutcome
 from stackgate.pressure import Pressure
+from stackgate.rundir.layout import JUNIT_GLOB, RECORDS_GLOB, CellDir, RunDir, junit_name, records_file
 from stackgate.shipped import BUNDLED_SUITE
 
 RDZV_PORT = 29400  # the c10d rendezvous port of node0 where a cell has a host of its own (containers, Slurm)
-ATTEMPT_PREFIX = "attempt-"  # cells/<result>/attempt-<tag>/: one attempt's JUnit and metric records
 _OOM = re.compile(r"(OutOfMemoryError|CUDA out of memory|std::bad_alloc|MemoryError)")
 
 
@@ -164,21 +164,20 @@ class RunContext:
     def result_id(self, cell: Cell) -> str:
         return cell.result_id(self.phase, self.against)
 
-    def cell_dir(self, cell: Cell) -> Path:
-        path = self.run_dir / "cells" / self.result_id(cell)
-        path.mkdir(parents=True, exist_ok=True)
-        return path
+    def cell_dir(self, cell: Cell) -> CellDir:
+        found = RunDir(self.run_dir).cell(self.result_id(cell))
+        found.root.mkdir(parents=True, exist_ok=True)
+        return found
 
-    def fresh_cell_dir(self, cell: Cell) -> tuple[Path, Path]:
-        """The cell's directory without outputs of an earlier attempt, and its shared scratch directory."""
-        workdir = self.cell_dir(cell)
-        for old in workdir.glob("node*.log"):
+    def fresh_cell_dir(self, cell: Cell) -> CellDir:
+        """The cell's directory without outputs of an earlier attempt, with its shared scratch directory."""
+        found = self.cell_dir(cell)
+        for old in found.node_logs():
             old.unlink()
-        for attempt in workdir.glob(f"{ATTEMPT_PREFIX}*"):  # a killed attempt's evidence is never read again
+        for attempt in found.attempts():  # a killed attempt's evidence is never read again
             shutil.rmtree(attempt, ignore_errors=True)
-        shared = workdir / "shared"
-        shared.mkdir(exist_ok=True)
-        return workdir, shared
+        found.shared.mkdir(exist_ok=True)
+        return found
 
     def artifacts_of(self, cell: Cell) -> Path:
         """Where the suite reads and writes cross-version artifacts: the runner's choice for the attempt
@@ -187,7 +186,7 @@ class RunContext:
             self.artifacts.mkdir(parents=True, exist_ok=True)
             return self.artifacts
         pool, topo = cell.comparison_key
-        path = self.run_dir / "artifacts" / f"{pool}-{topo}"
+        path = RunDir(self.run_dir).artifacts(pool, topo)
         path.mkdir(parents=True, exist_ok=True)
         return path
 
@@ -240,10 +239,10 @@ def node_commands(cell: Cell, ctx: RunContext, layout: Layout) -> list[tuple[Nod
     for inv in invocations(ctx.suite, ctx.phase, path=layout.suite, bundled=layout.bundled, select=ctx.select):
         group = []
         for i in range(nodes):
-            env = suite_env(cell, results=layout.out / f"results-node{i}.jsonl", artifacts=layout.artifacts,
+            env = suite_env(cell, results=records_file(layout.out, i), artifacts=layout.artifacts,
                             shared=layout.shared, profile=ctx.suite.profile, run_id=ctx.run_id, node_rank=i,
                             endpoint=layout.endpoint if nodes > 1 else "", phase=ctx.phase, extra=ctx.suite.env)
-            argv = pytest_argv(layout.python, inv, layout.out / f"junit-node{i}-{inv.label}.xml")
+            argv = pytest_argv(layout.python, inv, layout.out / junit_name(i, inv.label))
             group.append(NodeCommand(i, inv.label, tuple(argv), env, inv.cwd))
         groups.append(tuple(group))
     return groups
@@ -319,10 +318,10 @@ def classify(procs: Sequence[NodeExit], tests: tuple[TestOutcome, ...], phase: P
 def build_result(cell: Cell, procs: Sequence[NodeExit], workdir: Path, duration_s: float,
                  ctx: RunContext | None = None, extra_env: Mapping[str, Any] | None = None) -> CellResult:
     phase = ctx.phase if ctx is not None else MAIN
-    files = sorted(workdir.glob("junit-node*.xml"))
+    files = sorted(workdir.glob(JUNIT_GLOB))
     junit = read_junit(files)
     tests = junit.tests
-    records = parse_records(sorted(workdir.glob("results-node*.jsonl")))
+    records = parse_records(sorted(workdir.glob(RECORDS_GLOB)))
     status, reason = classify(procs, tests, phase)
     if status is Status.ERROR and not tests and _disk_is_full(workdir, procs):
         status, reason = Status.INFRA_ERROR, (f"the disk is full under {workdir} ({_free_kib(workdir)} KiB free): the "
@@ -355,7 +354,7 @@ def build_result(cell: Cell, procs: Sequence[NodeExit], workdir: Path, duration_
         warnings=tuple(records.warnings),
         log_tail=tail[-20000:],
         duration_s=duration_s,
-        cell={**cell.to_json(), "phase": str(phase)},
+        cell=cell.record(phase),
         phase=phase,
         against=ctx.against.id if ctx is not None and ctx.against is not None else "",
     )

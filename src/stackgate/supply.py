@@ -13,7 +13,7 @@ from typing import Any
 from stackgate import osv
 from stackgate.model import Cell, CellResult, Reason, Severity
 from stackgate.policy import SupplyRules
-from stackgate.results import stack_pairs
+from stackgate.rundir.results import stack_pairs
 
 MB = 1_000_000
 LOADER_LIBRARIES = ("libnccl", "libcudnn", "libcudart")

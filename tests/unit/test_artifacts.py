@@ -9,10 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from stackgate import artifacts, bundle, options, results
+from stackgate import artifacts, bundle, options
 from stackgate.backends.docker import DockerBackend
+from stackgate.boundary.manifest import Manifest
 from stackgate.errors import ConfigError, InfraError
 from stackgate.model import CellResult, Role, Status
+from stackgate.rundir import results
 from tests.unit.test_docker_plan import STACK, FakeEngine, fake_backend
 
 
@@ -76,11 +78,13 @@ def test_publish_pushes_the_built_stack_image_and_names_it_by_digest(backend: tu
 
 
 @pytest.mark.parametrize(("text", "message"), [
-    ("{", "not readable JSON"),
+    ("{", "Invalid JSON: EOF while parsing"),
     ('{"schema": 1, "stacks": []}', "not a stacks.json"),
     (json.dumps({"schema": 1, "stacks": {"s": {**vars(_artifact("s")), "image": "reg/stack:latest"}}}),
-     "is not repo@sha256"),
-    (json.dumps({"schema": 1, "stacks": {"s": {"stack": "s"}}}), "needs exactly"),
+     "stacks.s.image: String should match pattern"),
+    (json.dumps({"schema": 1, "stacks": {"s": {"stack": "s"}}}), "stacks.s.image: Field required"),
+    (json.dumps({"schema": 1, "stacks": {"s": {**vars(_artifact("t"))}}}), "stack 't', filed under another label"),
+    (json.dumps({"schema": 1, "stacks": {"s": {**vars(_artifact("s")), "size": "12"}}}), "stacks.s.size: Input should"),
 ])
 def test_a_broken_stacks_json_is_a_config_error_saying_what(tmp_path: Path, text: str, message: str) -> None:
     path = tmp_path / "stacks.json"
@@ -115,7 +119,7 @@ def test_the_registry_comes_from_the_command_line_stackgate_toml_or_the_fleet(tm
 def _bundle(path: Path, image: str | None, recorded: str | None = None) -> bundle.Bundle:
     env = {"stack_label": "cpu-x", **({"image_digest": image} if image else {})}
     found = {"c1": CellResult("c1", Role.CANDIDATE, Status.PASSED, environment=env)}
-    manifest = {"definition": {}, "stacks": {"cpu-x": [recorded]} if recorded else {}}
+    manifest = Manifest(definition={}, stacks={"cpu-x": [recorded]} if recorded else {})
     return bundle.Bundle(path, manifest, results.ResultLines(found))
 
 

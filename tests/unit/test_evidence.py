@@ -9,11 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from stackgate import matrix, options, policy, results, stats, suite, tomlfile
+from stackgate import matrix, options, policy, stats, suite, tomlfile
 from stackgate.boundary import records as records_boundary
 from stackgate.errors import ConfigError
 from stackgate.model import CellResult, Role, Status
 from stackgate.report.files import atomic_write, strip_control
+from stackgate.rundir import RunDir, results
 
 
 def test_bad_result_lines_are_problems_not_crashes(tmp_path: Path) -> None:
@@ -38,7 +39,7 @@ def test_torn_tail_is_cut_before_the_next_append(tmp_path: Path) -> None:
     results.append(tmp_path, CellResult("c2", Role.CANDIDATE, Status.PASSED))
     read = results.read_all(tmp_path)
     assert set(read.results) == {"c1", "c2"} and read.problems == ()
-    assert (tmp_path / results.TORN).read_text() == '{"cell_id": "c2", "sta\n'
+    assert RunDir(tmp_path).torn.read_text() == '{"cell_id": "c2", "sta\n'
 
 
 @pytest.mark.parametrize("line", ['"just a string"', "null", '{"name": "m", "samples": [1], "tags": ["x"]}',

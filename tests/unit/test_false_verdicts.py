@@ -84,7 +84,7 @@ def test_a_run_directory_belongs_to_one_live_run(no_subprocesses: MemoryBackend,
     run_dir.mkdir(parents=True)
     holder = subprocess.Popen([sys.executable, "-c", (
         "import fcntl, os, sys, time\n"
-        f"fd = os.open({str(run_dir / rundir.OWNER)!r}, os.O_RDWR | os.O_CREAT)\n"
+        f"fd = os.open({str(rundir.RunDir(run_dir).owner)!r}, os.O_RDWR | os.O_CREAT)\n"
         "fcntl.flock(fd, fcntl.LOCK_EX)\nos.write(fd, b'pid %d on the other run' % os.getpid())\n"
         "print('held', flush=True)\ntime.sleep(60)\n")], stdout=subprocess.PIPE, text=True)
     try:
@@ -100,7 +100,7 @@ def test_a_run_directory_belongs_to_one_live_run(no_subprocesses: MemoryBackend,
             holder.stdout.close()
     time.sleep(0.1)
     assert run_command(memory_options(tmp_path), {}, lambda _: None, machinery=on_memory(no_subprocesses)) in (0, 1)  # a dead owner's claim is gone
-    assert "pid" in (run_dir / rundir.OWNER).read_text()
+    assert "pid" in rundir.RunDir(run_dir).owner.read_text()
 
 
 def test_links_out_of_the_run_directory_are_never_followed_when_artifacts_are_copied(tmp_path: Path) -> None:
@@ -185,3 +185,19 @@ def test_an_earlier_attempts_writer_never_reaches_the_next_attempts_evidence(tmp
     assert [m.name for m in first.metrics] == ["own.step_time"]
     assert [m.name for m in second.metrics] == ["own.step_time"], [m.name for m in second.metrics]
     assert earlier[0].parent != earlier[1].parent and earlier[1].parent.parent == earlier[0].parent.parent
+
+
+def test_a_merge_claims_its_run_directory_too(no_subprocesses: MemoryBackend, tmp_path: Path) -> None:
+    """#40 item 2: merge wrote into a directory a live run (or merge) of the same id held."""
+    from stackgate import rundir
+    assert run_command(memory_options(tmp_path), {}, lambda _: None, machinery=on_memory(no_subprocesses)) in (0, 1)
+    target = rundir.RunDir.of(tmp_path / "r", "merged")
+    held = target.claim()
+    try:
+        with pytest.raises(ConfigError, match="belongs to a live run: pid"):
+            merge_command(memory_options(tmp_path, run_id="merged"), {}, [tmp_path / "r" / "mem"], lambda _: None)
+        assert not target.results.exists() and not target.manifest.exists()
+    finally:
+        held.release()
+    assert merge_command(memory_options(tmp_path, run_id="merged"), {}, [tmp_path / "r" / "mem"], lambda _: None) in (0, 1)
+    assert target.results.exists() and target.report_json.exists()

@@ -25,6 +25,7 @@ from stackgate import masking, pressure, proc
 from stackgate.backends.base import Backend, Described, EnvHandle, Execution, free_port
 from stackgate.errors import ConfigError, InfraError
 from stackgate.model import Cell, SlurmSpec, Stack
+from stackgate.rundir.layout import CellDir
 from stackgate.suite import Layout, NodeCommand, NodeExit
 
 ENDPOINT = "STACKGATE_SLURM_ENDPOINT"  # set by the job script: first node's address and the port
@@ -133,7 +134,7 @@ def render(spec: SlurmSpec, commands: Sequence[NodeCommand], exe: Execution, *, 
     """The files of one invocation's job, by name (in the cell's `slurm/` directory): the batch
     script and one script per node. `execute` writes them; `stackgate run --dry-run` prints them."""
     label = commands[0].label
-    scripts = exe.workdir / "slurm"
+    scripts = CellDir(exe.workdir).slurm
     files = {f"job-{label}.sbatch": job_script(exe.cell, spec, name=f"sg-{exe.tag}-{label}", label=label,
                                                scripts=scripts, workdir=exe.workdir, seconds=seconds,
                                                port=port if port is not None else free_port())}
@@ -180,7 +181,7 @@ class SlurmBackend:
         if spec is None or not commands:
             return self.inner.execute(handle, commands, deadline, exe)
         label = commands[0].label
-        scripts = exe.workdir / "slurm"
+        scripts = CellDir(exe.workdir).slurm
         scripts.mkdir(exist_ok=True)
         for name, text in render(spec, commands, exe, seconds=max(deadline - time.monotonic(), 1)).items():
             (scripts / name).write_text(text)
@@ -234,7 +235,7 @@ class SlurmBackend:
         return JobState("GONE", reason=shown.tail.strip()[-200:])
 
     def _wait(self, job: str, deadline: float, exe: Execution) -> JobState:
-        log = exe.workdir / "node0.log"
+        log = CellDir(exe.workdir).node_log(0)
         offset = log.stat().st_size if log.exists() else 0
         missing_since: float | None = None
         while True:
@@ -272,7 +273,7 @@ class SlurmBackend:
             code = int(written.read_text().strip() or 1) if written.exists() else None
             if word == "GONE" and code is None:
                 raise InfraError(f"slurm job {job} vanished without a trace ({state.reason})")
-            log = exe.workdir / f"node{command.node}.log"
+            log = CellDir(exe.workdir).node_log(command.node)
             tail = "\n".join(log.read_text(errors="replace").splitlines()[-200:]) if log.exists() else ""
             if code is None:  # the task never finished: killed with its job
                 code = -9

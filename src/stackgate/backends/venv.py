@@ -36,6 +36,7 @@ from stackgate.installer import cache_lock, cached_dir, is_disk_full, is_network
 from stackgate.masking import node_base
 from stackgate.model import Stack
 from stackgate.plan import requirements
+from stackgate.rundir.layout import CellDir
 from stackgate.shipped import BUNDLED_SUITE
 from stackgate.sources import PipConfig, installer_args
 from stackgate.suite import Layout, NodeCommand, NodeExit
@@ -187,7 +188,7 @@ class VenvBackend:
                 result = proc.run(command.argv, env=env, cwd=command.cwd,
                                   timeout_s=max(deadline - time.monotonic(), 1),
                                   on_line=exe.on_line if command.node == 0 else None,
-                                  log_path=exe.workdir / f"node{command.node}.log")
+                                  log_path=CellDir(exe.workdir).node_log(command.node))
             except OSError as exc:  # never a thread's traceback: the node did not run, and says why
                 exits[i] = NodeExit(command.node, command.argv[0], -1,
                                     tail=f"[stackgate] node {command.node} could not start: [Errno {exc.errno}] "

@@ -14,6 +14,7 @@ from pydantic import ConfigDict, Field, ValidationError
 from stackgate.boundary.base import MAX_ITEMS, Model, Name, Text, describe
 from stackgate.boundary.environment import Environment
 from stackgate.errors import ConfigError
+from stackgate.rundir.layout import RunDir
 
 SCHEMA_VERSION = 1  # report.data.SCHEMA_VERSION: what this stackgate writes and reads
 Items = Field(max_length=MAX_ITEMS)
@@ -88,7 +89,7 @@ class Report(_Part):
 
 
 def read(run_dir: Path) -> Report:
-    path = run_dir / "report.json"
+    path = RunDir(run_dir).report_json
     try:
         raw = path.read_bytes()
     except FileNotFoundError:

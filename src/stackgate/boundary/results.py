@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import Field, JsonValue, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator
 
-from stackgate.boundary.base import MAX_ITEMS, Model, Name, Seconds, Text, describe
+from stackgate.boundary.base import MAX_ITEMS, Model, Seconds, Text, describe
+from stackgate.boundary.cell import CellRecord
 from stackgate.boundary.environment import Environment
 from stackgate.boundary.records import MetricRecord
 from stackgate.model import CellResult, Outcome, Phase, Role, Status, TestOutcome
@@ -29,7 +30,7 @@ class ResultLine(Model):
     status: Status
     reason: Text = ""
     duration_s: Seconds = 0.0
-    cell: Annotated[dict[Name, JsonValue], Field(max_length=100)] = Field(default_factory=dict)
+    cell: CellRecord = Field(default_factory=CellRecord)
     tests: Annotated[list[TestLine], Field(max_length=MAX_ITEMS)] = Field(default_factory=list)
     metrics: Annotated[list[MetricRecord], Field(max_length=MAX_ITEMS)] = Field(default_factory=list)
     environment: Environment = Field(default_factory=Environment)
@@ -54,7 +55,7 @@ class ResultLine(Model):
             cell_id=self.cell_id, role=self.role, status=self.status, reason=self.reason,
             tests=tuple(TestOutcome(t.name, t.outcome, t.duration_s, t.message) for t in self.tests),
             metrics=metrics, environment=self.environment,
-            warnings=tuple(self.warnings), log_tail=self.log_tail, duration_s=self.duration_s, cell=dict(self.cell),
+            warnings=tuple(self.warnings), log_tail=self.log_tail, duration_s=self.duration_s, cell=self.cell,
             phase=Phase.parse(self.phase), against=self.against)
 
 

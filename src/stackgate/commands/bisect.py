@@ -21,7 +21,7 @@ from typing import Any
 
 from packaging.version import Version
 
-from stackgate import fleet, matrix, nightly, results
+from stackgate import fleet, matrix, nightly
 from stackgate.boundary import report as report_json
 from stackgate.compat import CompatTable
 from stackgate.console import stdout_line
@@ -29,6 +29,7 @@ from stackgate.errors import ConfigError, ExitCode
 from stackgate.model import MAIN, Cell, CellResult, Role
 from stackgate.options import Options
 from stackgate.report.files import atomic_write, strip_control
+from stackgate.rundir import RunDir, results
 from stackgate.versions import parse_torch
 
 STATE = "bisect.json"
@@ -197,13 +198,14 @@ def _search(state: Bisect, home: Path, step_opts: Options, env: Mapping[str, str
         say(f"\n== bisect step {index}: {version} (run {run_id})")
         code = run(replace(step_opts, nightly_version=version, run_id=run_id, history=home / "history.sqlite"),
                    env, say)
-        outcome = step_outcome(code, results.read(home / run_id).values(), _decision(home / run_id) or "unknown")
+        step = RunDir.of(home, run_id)
+        outcome = step_outcome(code, results.read(step.root).values(), _decision(step.root) or "unknown")
         state.steps.append(Step(version, run_id, outcome, code))
         say(f"== bisect step {index}: {version} is {outcome} (exit {code})")
         write(state, home)
         if version in (state.good, state.bad) and outcome != (GOOD if version == state.good else BAD):
             raise ConfigError(f"the {'good' if version == state.good else 'bad'} end, {version}, is {outcome} "
-                              f"here (run {run_id})", hint=f"see {home / run_id / 'report.md'}; pick other ends")
+                              f"here (run {run_id})", hint=f"see {step.report_md}; pick other ends")
 
 
 def finish(state: Bisect, home: Path, opts: Options, env: Mapping[str, str], say: Callable[[str], None]) -> int:

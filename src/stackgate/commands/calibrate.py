@@ -42,8 +42,9 @@ def calibrate(opts: Options, env: Mapping[str, str], *, runs: int, target: float
     resolutions = machinery.resolve([p.stack for p in plan_envs(prods)], loaded.table, loaded.host_pip, env, deps)
     backend = machinery.backend(opts, loaded, env, say, deps)
     run_id = opts.run_id or rundir.new_run_id(f"{loaded.spec.name}-calibrate")
-    run_dir = opts.reports / run_id
-    run_dir.mkdir(parents=True, exist_ok=True)
+    where = rundir.RunDir.of(opts.reports, run_id)
+    run_dir = where.root
+    owner = where.claim()  # a second calibration (or run) of this id exits 2
     suite = inputs.suite_spec(opts, platform_checks=False, host=env)
     ctx = RunContext(run_id=run_id, run_dir=run_dir, suite=suite, mask=masking.Masker.of(env, suite.env))
     runner = Runner(backend, ctx, console, prods, resolutions, gauge=machinery.gauge)
@@ -98,10 +99,11 @@ def calibrate(opts: Options, env: Mapping[str, str], *, runs: int, target: float
                                                 **({"run_s": run_s, **_seconds(r, run_s, together)} if run_s else {}),
                                                 "pairing": "concurrent" if together else "sequential"}
                                                for n, r, _ in rows]
+        atomic_write(where.calibration, json.dumps(report, indent=1))
     finally:
         backend.close()
-    atomic_write(run_dir / "calibration.json", json.dumps(report, indent=1))
-    say(f"calibration: {run_dir}/calibration.json; stored in {opts.history}")
+        owner.release()
+    say(f"calibration: {where.calibration}; stored in {opts.history}")
     return 0
 
 

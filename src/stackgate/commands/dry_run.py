@@ -13,6 +13,7 @@ from stackgate.console import Console, Printer
 from stackgate.model import SlurmSpec
 from stackgate.options import Options
 from stackgate.plan import run_order
+from stackgate.rundir import RunDir
 from stackgate.runner import stack_artifacts
 from stackgate.suite import RDZV_PORT, Layout, RunContext, node_commands
 
@@ -30,7 +31,8 @@ def dry_run(opts: Options, env: Mapping[str, str], say: Printer | None = None, *
     chosen = inputs.select(opts, loaded)
     remote = slurm_pools(opts, loaded)
     forced = SlurmSpec() if opts.launcher == "slurm" else None
-    run_dir = opts.reports / (opts.run_id or "RUN_ID")
+    where = RunDir.of(opts.reports, opts.run_id or "RUN_ID")
+    run_dir = where.root
     suite = inputs.suite_spec(opts, platform_checks=opts.platform_checks, host=env)
     ctx = RunContext(run_id=run_dir.name, run_dir=run_dir, suite=suite)
     say(f"dry run of {loaded.spec.name}: {len(chosen.cells)} cell(s) here; nothing is built, submitted or written")
@@ -38,9 +40,10 @@ def dry_run(opts: Options, env: Mapping[str, str], say: Printer | None = None, *
         say("  (the suite's local projects are built at run time: the venv paths below leave them out)")
     venvs = VenvBackend(opts.cache_dir, loaded.table, loaded.host_pip, env, deps=replace(loaded.deps, projects=()))
     for cell in run_order(chosen.cells):
-        workdir = run_dir / "cells" / cell.id
+        cell_dir = where.cell(cell.id)
+        workdir = cell_dir.root
         python = venvs.root_for(cell.stack)[0] / "bin" / "python"
-        exe = Execution(cell, workdir, stack_artifacts(run_dir, cell), workdir / "shared", suite.path, "DRYRUN")
+        exe = Execution(cell, workdir, stack_artifacts(run_dir, cell), cell_dir.shared, suite.path, "DRYRUN")
         spec = slurm.spec_for(cell, forced) if cell.pool.name in remote else None
         layout = Layout(python=str(python), out=workdir, artifacts=exe.artifacts, shared=exe.shared, suite=suite.path,
                         endpoint=f"${slurm.ENDPOINT}" if spec else ("127.0.0.1:PORT" if cell.topology.nodes > 1 else ""))
@@ -48,9 +51,9 @@ def dry_run(opts: Options, env: Mapping[str, str], say: Printer | None = None, *
         for group in node_commands(cell, ctx, layout):
             if spec is not None:
                 files = slurm.render(spec, group, exe, seconds=suite.timeout_s, port=RDZV_PORT)
-                say(f"$ sbatch --parsable {workdir / 'slurm' / next(iter(files))}")
+                say(f"$ sbatch --parsable {cell_dir.slurm / next(iter(files))}")
                 for name, text in files.items():
-                    say(f"--- {workdir / 'slurm' / name}\n{text.rstrip()}")
+                    say(f"--- {cell_dir.slurm / name}\n{text.rstrip()}")
                 continue
             for command in group:
                 say(f"--- node {command.node} ({command.label}), in {command.cwd}")

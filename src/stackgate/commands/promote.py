@@ -18,9 +18,8 @@ from stackgate.console import Console, Printer
 from stackgate.errors import ConfigError
 from stackgate.options import Options
 from stackgate.report.data import now
+from stackgate.rundir.layout import Promotion, RunDir
 from stackgate.sources import read_pip_config
-
-OUT = "promotion"
 
 
 class Tags(Protocol):
@@ -51,8 +50,9 @@ def run_dir_of(opts: Options, given: str) -> Path:
     path = Path(given)
     if path.is_dir():
         return path.absolute()
-    if (opts.reports / given).is_dir():
-        return opts.reports / given
+    named = RunDir.of(opts.reports, given).root
+    if named.is_dir():
+        return named
     raise ConfigError(f"{given}: no such run directory, and no run {given!r} under {opts.reports}",
                       hint="give reports/<run-id> or the run id; `stackgate history` lists them")
 
@@ -66,13 +66,13 @@ def promote(opts: Options, env: Mapping[str, str], given: str, target: Target = 
     stacks = promotion.promoted(report)
     run_id = report.run.id or run_dir.name
     when, by = now(), who(env)
-    out = run_dir / OUT
+    out = RunDir(run_dir).promotion
     registry = artifacts.configured(opts.registry, opts.repository, opts.config_dir)
     images = sorted({s.image for s in stacks if s.image})
     moves = _moves(images, registry, target.tag)
     old_production = opts.config_dir / "production.toml"
     new_production = promotion.production_toml(stacks, run_id, when)
-    say(f"promote run {run_id} (GO): {', '.join(s.label for s in stacks)} -> {out}")
+    say(f"promote run {run_id} (GO): {', '.join(s.label for s in stacks)} -> {out.root}")
     for image, name, tag in moves:
         say(f"  tag {name}:{tag} -> {image} (the tag it replaces becomes {name}:previous)")
     if images and not moves:
@@ -80,14 +80,14 @@ def promote(opts: Options, env: Mapping[str, str], given: str, target: Target = 
     if target.dry_run:
         say("dry run: nothing written, no tag moved")
         return 0
-    out.mkdir(parents=True, exist_ok=True)
+    out.root.mkdir(parents=True, exist_ok=True)
     host_pip = read_pip_config(env)
     links = [Path(link.removeprefix("file://")) for link in host_pip.find_links if not link.startswith("http")]
     index = promotion.wheel_index([*sorted((opts.cache_dir / "wheelhouse").glob("*")), *links])
     for stack in stacks:
         def download(pins: Sequence[str], to: Path, of: promotion.Promoted = stack) -> None:
             _download(pins, to, of, env)
-        lock = promotion.pylock(stack, out / stack.label, index, download)
+        lock = promotion.pylock(stack, out.stack(stack.label), index, download)
         say(f"  wrote {lock} ({len(stack.packages)} packages, the tested wheels beside it)")
     # everything that is written is computed, and every tag read, before a tag moves
     previous_toml = old_production.read_text() if old_production.is_file() else ""
@@ -102,16 +102,16 @@ def promote(opts: Options, env: Mapping[str, str], given: str, target: Target = 
         steps.append(history.Promotion(when, by, "promote", run_id, ",".join(s.label for s in stacks), "", "", "",
                                        new_production, previous_toml))
     log = promotion.changelog(report, stacks, run_id, when, by, moved)
-    (out / "production.toml").write_text(new_production)
-    (out / "production.toml.patch").write_text(promotion.patch(old_production, new_production))
-    (out / "CHANGELOG.md").write_text(log)
+    out.production_toml.write_text(new_production)
+    out.patch.write_text(promotion.patch(old_production, new_production))
+    out.changelog.write_text(log)
     for (image, name, tag), before in zip(moves, befores, strict=True):
         assert engine is not None
         if before and before != image:
             engine.move_tag(before, name, "previous")
         engine.move_tag(image, name, tag)
     history.record_promotion(opts.history, steps)
-    say(f"  wrote {out / 'production.toml'} (and its patch against {old_production}) and {out / 'CHANGELOG.md'}")
+    say(f"  wrote {out.production_toml} (and its patch against {old_production}) and {out.changelog}")
     for tag in moved:
         say(f"  moved {tag}")
     return 0
@@ -128,11 +128,11 @@ def rollback(opts: Options, env: Mapping[str, str], target: Target = Target(), s
     last = done[-1]
     registry = artifacts.configured(opts.registry, opts.repository, opts.config_dir)
     when, by = now(), who(env)
-    out = opts.reports / f"rollback-{when.replace(':', '').replace('-', '')[:15]}"
+    out = Promotion(opts.reports / f"rollback-{when.replace(':', '').replace('-', '')[:15]}")
     name = registry.name if registry else ""
     say(f"roll back the promotion of run {last.run_id} ({last.stack}, {last.at} by {last.who})")
     if target.dry_run:
-        say(f"dry run: would move {name}:{target.tag} back to {name}:previous and write {out / 'production.toml'}")
+        say(f"dry run: would move {name}:{target.tag} back to {name}:previous and write {out.production_toml}")
         return 0
     back = ""
     if registry is not None:
@@ -142,12 +142,12 @@ def rollback(opts: Options, env: Mapping[str, str], target: Target = Target(), s
             raise ConfigError(f"{name}:previous does not exist: there is no earlier production image to go back to")
         engine.move_tag(back, name, target.tag)
         say(f"  moved {name}:{target.tag} -> {back}")
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "production.toml").write_text(last.previous_toml)
+    out.root.mkdir(parents=True, exist_ok=True)
+    out.production_toml.write_text(last.previous_toml)
     history.record_promotion(opts.history, [history.Promotion(when, by, "rollback", last.run_id, last.stack, back,
                                                               f"{name}:{target.tag}" if name else "", last.image,
                                                               last.previous_toml, last.production_toml)])
-    say(f"  wrote {out / 'production.toml'} (the production.toml before run {last.run_id} was promoted)")
+    say(f"  wrote {out.production_toml} (the production.toml before run {last.run_id} was promoted)")
     return 0
 
 

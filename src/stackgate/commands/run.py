@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from stackgate import bundle, guards, history, inputs, masking, matrix, probe, proc, repeats, resolve, results, rundir
+from stackgate import bundle, guards, history, inputs, masking, matrix, probe, proc, repeats, resolve, rundir
 from stackgate.backends.choose import REAL, Machinery, slurm_pools
 from stackgate.conclude import decide_and_report, signals_held
 from stackgate.console import Console, Printer
@@ -19,6 +19,7 @@ from stackgate.options import Options
 from stackgate.plan import plan_envs, run_order
 from stackgate.policy import Policy
 from stackgate.report.data import now
+from stackgate.rundir import manifest, results
 from stackgate.runner import Attempt, Runner, together_here
 from stackgate.suite import RunContext
 
@@ -53,8 +54,8 @@ def run(opts: Options, env: Mapping[str, str], say: Printer | None = None, *, ma
                                         deps)
     backend = machinery.backend(opts, loaded, env, say, deps)
     run_id = opts.resume or opts.run_id or rundir.new_run_id(loaded.spec.name)
-    run_dir = results.resume_dir(opts.reports, opts.resume) if opts.resume else opts.reports / run_id
-    owner = rundir.claim(run_dir)  # before anything is written: a second run of this id exits 2
+    run_dir = results.resume_dir(opts.reports, opts.resume) if opts.resume else rundir.RunDir.of(opts.reports, run_id).root
+    owner = rundir.RunDir(run_dir).claim()  # before anything is written: a second run of this id exits 2
     try:
         _open(opts, loaded, run_id, run_dir, chosen, probes, say)
         started = now()
@@ -94,12 +95,13 @@ def _open(opts: Options, loaded: Loaded, run_id: str, run_dir: Path, chosen: mat
           probes: Sequence[probe.ProbeResult], say: Printer) -> None:
     """The run directory, claimed: new (refused if it holds results), or resumed (its definition and
     selection checked, and what the dead run left running ended); its manifest, and a torn last line repaired."""
-    if not opts.resume and (run_dir / results.RESULTS).exists():
+    where = rundir.RunDir(run_dir)
+    if not opts.resume and where.results.exists():
         raise ConfigError(f"run {run_id} already has results in {run_dir}", hint="use --resume to continue it")
     defined = inputs.definition(opts, loaded)
     selected = bundle.selection(pools=opts.pool, only=opts.only, shard=str(opts.shard) if opts.shard else None)
     if opts.resume:
-        bundle.check_resume(run_dir, defined, selected)
+        manifest.check_resume(run_dir, defined, selected)
         # this run owns the directory now, so what still carries its id was left by the run that died
         ended = proc.end_marked({"STACKGATE_RUN_ID": run_id})
         if ended:
@@ -108,14 +110,14 @@ def _open(opts: Options, loaded: Loaded, run_id: str, run_dir: Path, chosen: mat
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         if not opts.resume or probes:
-            bundle.write_manifest(run_dir, defined=defined, selected=selected, cells=[c.id for c in chosen.cells],
-                                  host_probe={p.pool: p.to_json() for p in probes},
-                                  options=bundle.defining_options(opts.describe(), Path.cwd()))
+            manifest.write(run_dir, defined=defined, selected=selected, cells=[c.id for c in chosen.cells],
+                           host_probe={p.pool: p.to_json() for p in probes},
+                           options=bundle.defining_options(opts.describe(), Path.cwd()))
     except OSError as exc:
         raise InfraError(f"cannot create {run_dir}: {exc.strerror}") from None
     torn = results.repair_tail(run_dir)
     if torn is not None:
-        say(f"repaired a torn last line of {results.RESULTS} (kept in {results.TORN}): {torn[:120]}")
+        say(f"repaired a torn last line of {where.results.name} (kept in {where.torn.name}): {torn[:120]}")
 
 
 def _quiet_runs(runner: Runner, ordered: Sequence[Cell], pairs: Sequence[Cell], policy: Policy,

@@ -12,7 +12,7 @@ from typing import Any
 from stackgate.evidence import Evidence, GateOutcome, MetricComparison
 from stackgate.history import TrendPoint
 from stackgate.model import ROLLBACK, Cell, CellResult, NotHere, Pruned, Reason, Severity, Status
-from stackgate.results import stack_pairs
+from stackgate.rundir.results import stack_pairs
 
 SCHEMA_VERSION = 1
 KEY_PACKAGES = ("torch", "triton", "numpy", "nvidia-nccl", "nvidia-cudnn", "nvidia-cublas", "nvidia-cuda-runtime")

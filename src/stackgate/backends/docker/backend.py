@@ -33,6 +33,7 @@ from stackgate.errors import ConfigError, InfraError
 from stackgate.installer import is_disk_full
 from stackgate.model import Stack
 from stackgate.plan import requirements
+from stackgate.rundir.layout import CellDir, leftovers_name
 from stackgate.sources import DEBIAN_MIRROR, PipConfig, host_config_problem, installer_args
 from stackgate.suite import RDZV_PORT, Layout, NodeCommand, NodeExit
 from stackgate.suite_deps import SuiteDeps
@@ -315,7 +316,7 @@ class DockerBackend:
         if exe.suite != self.suite_dir.resolve():
             mounts.append((str(self.suite_dir.resolve()), str(inside.BUNDLED_SUITE), "ro"))
         label = commands[0].label if commands else "none"
-        reports = [f"leftovers-node{c.node}-{c.label}.txt" for c in commands]
+        reports = [leftovers_name(c.node, c.label) for c in commands]
         specs = [ContainerSpec(name=f"sg-{exe.tag}-{c.label}-node{c.node}", image=handle.ref,
                                command=(python, "-c", NODE_INIT, str(inside.OUT / r), "--", *c.argv),
                                env={**c.env, **({"PYTHONPATH": str(inside.PREFIX)} if prefix else {})}, mounts=tuple(mounts), hostname=f"node{c.node}",
@@ -325,14 +326,15 @@ class DockerBackend:
         ran = self.engine.run_group(specs, network=f"sg-{exe.tag}-{label}",
                                     timeout_s=max(deadline - time.monotonic(), 1), on_line=exe.on_line)
         exits = []
-        for command, container, report in zip(commands, ran, reports, strict=True):
-            log = proc.CappedLog(exe.workdir / f"node{command.node}.log")
+        cell_dir = CellDir(exe.workdir)
+        for command, container in zip(commands, ran, strict=True):
+            log = proc.CappedLog(cell_dir.node_log(command.node))
             for line in container.log.splitlines():
                 log.write(line)
             log.close()
             # a node log that could not be written (a full disk) says so in the tail
             written = dataclasses.replace(container, log=f"{container.log}\n{log.problem}") if log.problem else container
-            exits.append(_node_exit(command.node, written, _leftovers(exe.workdir / report)))
+            exits.append(_node_exit(command.node, written, _leftovers(cell_dir.leftovers(command.node, command.label))))
         return tuple(exits)
 
     def describe(self, handle: EnvHandle) -> Described:

@@ -17,9 +17,8 @@ from pathlib import Path
 from stackgate.boundary import results as boundary
 from stackgate.errors import ConfigError, disk_full
 from stackgate.model import Cell, CellResult, Phase, PhaseKind, Role, Status
+from stackgate.rundir.layout import RESULTS, RunDir, runs_with_results
 
-RESULTS = "results.jsonl"
-TORN = "results.jsonl.torn"
 # a result line is bounded by what a cell may hand back (suite.MAX_RECORDS_BYTES per node, a 20 kB log
 # tail); a longer line was not written by this harness and is not evidence
 MAX_RESULT_LINE = 64 << 20
@@ -32,7 +31,7 @@ class ResultLines:
 
 
 def append(run_dir: Path, result: CellResult) -> None:
-    path = run_dir / RESULTS
+    path = RunDir(run_dir).results
     line = json.dumps(result.to_json(), sort_keys=True) + "\n"
     try:
         with path.open("a", encoding="utf-8") as fh:
@@ -46,7 +45,7 @@ def append(run_dir: Path, result: CellResult) -> None:
 def repair_tail(run_dir: Path) -> str | None:
     """Cut a torn last line (a kill mid-write) so the next append starts a line of its own; the torn
     bytes are kept in results.jsonl.torn. Returns what was cut, or None."""
-    path = run_dir / RESULTS
+    path = RunDir(run_dir).results
     if not path.exists():
         return None
     data = path.read_bytes()
@@ -54,7 +53,7 @@ def repair_tail(run_dir: Path) -> str | None:
         return None
     keep = data.rfind(b"\n") + 1
     torn = data[keep:]
-    with (run_dir / TORN).open("ab") as fh:
+    with RunDir(run_dir).torn.open("ab") as fh:
         fh.write(torn + b"\n")
     with path.open("r+b") as fh:
         fh.truncate(keep)
@@ -65,7 +64,7 @@ def repair_tail(run_dir: Path) -> str | None:
 
 def read_all(run_dir: Path) -> ResultLines:
     """The last result per result id, and every line that is not a result."""
-    path = run_dir / RESULTS
+    path = RunDir(run_dir).results
     out: dict[str, CellResult] = {}
     problems: list[str] = []
     if not path.exists():
@@ -120,12 +119,11 @@ def rounds(recorded: Mapping[str, CellResult], cell: Cell, kind: PhaseKind) -> d
 def resume_dir(reports: Path, run_id: str) -> Path:
     """The directory of a run to resume: one with results, or a run killed before its first cell
     finished (its manifest, run.json, is written before any cell runs)."""
-    run_dir = reports / run_id
-    if not (run_dir / RESULTS).exists() and not (run_dir / "run.json").exists():
-        known = sorted(p.name for p in reports.iterdir() if (p / RESULTS).exists()) if reports.exists() else []
-        raise ConfigError(f"cannot resume run {run_id!r}: no {run_dir / RESULTS}",
-                          hint=f"runs with results: {', '.join(known[-5:]) or 'none'}")
-    return run_dir
+    found = RunDir.of(reports, run_id)
+    if not found.is_run():
+        raise ConfigError(f"cannot resume run {run_id!r}: no {found.results}",
+                          hint=f"runs with results: {', '.join(runs_with_results(reports)[-5:]) or 'none'}")
+    return found.root
 
 
 def stack_pairs(cells: Sequence[Cell], recorded: Mapping[str, CellResult]
