@@ -7,8 +7,9 @@ import busbw
 import nccl_log
 import pytest
 
-from stackgate import fleet, junit, results, suite
+from stackgate import fleet, junit, suite
 from stackgate.model import MAIN, ROLLBACK, CellResult, Phase, Role, Status
+from stackgate.rundir import results
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 
@@ -149,6 +150,24 @@ def test_nightly_resolves_newest_dev_build_from_a_wheelhouse(tmp_path: Path) -> 
     args = installer_args(source, host)
     assert "--prerelease" in args and "/opt/wheels" not in args
     assert "/opt/wheels" in installer_args(WheelSource(), host)
+
+
+def test_the_hosts_pip_configuration_is_asked_once_until_it_changes(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """pip itself is asked (`pip config list`, ~0.6 s) once per environment and state of its files."""
+    from stackgate import proc, sources
+    asked: list[list[str]] = []
+    real = proc.capture
+    monkeypatch.setattr(proc, "capture", lambda argv, **kw: (asked.append(list(argv)), real(argv, **kw))[1])
+    conf = tmp_path / "pip.conf"
+    conf.write_text("[global]\nfind-links = /opt/one\n")
+    env = {"PIP_CONFIG_FILE": str(conf), "HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    assert sources.read_pip_config(env).find_links == ("/opt/one",)
+    assert sources.read_pip_config(dict(env)).find_links == ("/opt/one",) and len(asked) == 1
+    conf.write_text("[global]\nfind-links = /opt/two /opt/three\n")  # another size: seen without waiting on mtime
+    assert sources.read_pip_config(env).find_links == ("/opt/two", "/opt/three") and len(asked) == 2
+    assert sources.read_pip_config({**env, "PIP_FIND_LINKS": "/opt/env"}).find_links[0] == "/opt/env"
+    assert len(asked) == 3
 
 
 def test_production_keeps_its_own_source_on_the_nightly_channel() -> None:
