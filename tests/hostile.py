@@ -10,24 +10,29 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import functools
 import io
 import json
 import signal
 import sqlite3
+import statistics
 import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 from hypothesis import strategies as st
 
-from stackgate import cli, gate, osv, results, shipped, suite
+from stackgate import artifacts, cli, fleet, gate, inputs, options, osv, selftest, shipped, suite
 from stackgate.errors import StackgateError
 from stackgate.junit import parse_junit
-from stackgate.model import CellResult, Decision, Metric, Role, Status
+from stackgate.model import ROLLBACK, CellResult, Decision, Metric, Role, Status
 from stackgate.model import TestOutcome as Outcome
 from stackgate.policy import load_policy
+from stackgate.report import plots
+from stackgate.rundir import RunDir, results
 from tests.unit.test_user_paths import _user_cells
 
 HANG_S = 10
@@ -152,8 +157,15 @@ def candidate_records() -> st.SearchStrategy[bytes]:
         lambda t: b"\n".join([t[0], *t[1], _dump(LOSS_RECORD)] if t[2] else [*t[1], t[0], _dump(LOSS_RECORD)]) + b"\n")
 
 
+GATED = _metric(SLOW).key  # recsys.step_time[clock=cpu]: what the policy gates on a CPU cell
+
+
 def check_records(data: bytes, nodes: int = 1, junit: bytes = JUNIT) -> str:
-    """Suite records and JUnit through build_result, then the gate: never GO for a 3x slower candidate."""
+    """Suite records and JUnit through build_result, then the gate. GO is false when the candidate's
+    true (3x slower) record is there as written, when the gated metric was not read, or when what was
+    read is slow: evidence contradicted, missing, or misread. (A mutation that moves the slow record
+    to another key, a wall-time step_time without the cpu clock say, leaves a fast copy as the only
+    gated measurement: GO on it is what the suite said, not a false GO.)"""
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         (root / "results-node0.jsonl").write_bytes(data)
@@ -161,7 +173,11 @@ def check_records(data: bytes, nodes: int = 1, junit: bytes = JUNIT) -> str:
             (root / f"junit-node{node}-suite.xml").write_bytes(junit if node == 0 else JUNIT)
         built = suite.build_result(CAND, [suite.NodeExit(n, "pytest", 0) for n in range(nodes)], root, 1.0)
     out = gate.decide((PROD, CAND), (), {PROD.id: PROD_RESULT, CAND.id: built}, POLICY, TODAY)
-    return "false-go" if out.verdict.decision is Decision.GO else "ok"
+    if out.verdict.decision is not Decision.GO:
+        return "ok"
+    read = next((m for m in built.metrics if m.key == GATED), None)
+    slow = read is None or not read.samples or statistics.median(read.samples) > 1.5 * statistics.median(STEPS)
+    return "false-go" if _dump(SLOW) in data.split(b"\n") or slow else "ok"
 
 
 def junit_files() -> st.SearchStrategy[bytes]:
@@ -319,6 +335,77 @@ def check_promote_dry_run(data: bytes) -> str:
     return "ok" if not written else f"crash: wrote {written}"
 
 
+@functools.cache
+def _merge_world(slower: float = 3.0) -> tuple[dict[str, Any], list[bytes]]:
+    """A bundle a merge with default options accepts (its manifest, as `stackgate run` writes it),
+    and its results: the recorded clean pair (selftest) on the matrix's local CPU cells, the
+    candidate's step time `slower` times production's (1.0: the bundle merges to GO)."""
+    opts = options.read({"reports": "unused", "run_id": "merged"}, {}, Path("stackgate.toml"))
+    loaded = inputs.load(opts, {}, fleet.LocalHost())
+    cells = inputs.expand(loaded, {n: replace(p, is_local=False) for n, p in loaded.pools.items()}).not_here
+    cand = next(n.cell for n in cells if n.cell.role is Role.CANDIDATE and n.cell.device == "cpu")
+    prod = next(n.cell for n in cells if n.cell.id == cand.baseline)
+    rec = selftest.recorded("cpu")
+    found = [replace(rec.results[rec.production.id], cell_id=prod.id, cell=prod.record()),
+             replace(rec.results[rec.candidate.id], cell_id=cand.id, cell=cand.record(),
+                     metrics=tuple(replace(m, samples=tuple(x * slower for x in m.samples))
+                                   if m.name == "recsys.step_time" else m for m in rec.results[rec.candidate.id].metrics))]
+    rollback = rec.production.result_id(ROLLBACK, rec.candidate)
+    if rollback in rec.results:
+        found.append(replace(rec.results[rollback], cell_id=prod.result_id(ROLLBACK, cand), against=cand.id))
+    manifest = {"definition": inputs.definition(opts, loaded), "definition_hash": "x",
+                "selection": {"pools": cand.pool.name, "only": "", "shard": ""}, "options": {},
+                "stackgate_version": "0", "cells": [prod.id, cand.id], "host_probe": {}, "merged_from": [],
+                "stacks": {}}
+    return manifest, [_dump(r.to_json()) for r in found]
+
+
+@st.composite
+def bundles(draw: st.DrawFn) -> tuple[bytes, bytes]:
+    """(run.json, results.jsonl) of a bundle: one of them hostile."""
+    manifest, lines = _merge_world()
+    good_manifest, good_results = _dump(manifest), b"\n".join(lines) + b"\n"
+    if draw(st.booleans()):
+        return draw(mutated(manifest)), good_results
+    return good_manifest, draw(st.lists(st.one_of(mutated(json.loads(lines[1])), st.sampled_from(lines)),
+                                        min_size=1, max_size=3).map(lambda xs: b"\n".join(xs) + b"\n"))
+
+
+def check_merge(bundle: tuple[bytes, bytes]) -> str:
+    """`stackgate merge` of one bundle whose run.json or results.jsonl is hostile: exit 1 or 2 (the
+    candidate is 3x slower wherever it can be read), never GO, never a traceback."""
+    manifest, lines = bundle
+    with tempfile.TemporaryDirectory() as tmp:
+        run = RunDir(Path(tmp) / "reports" / "pool-a")
+        run.make()
+        run.manifest.write_bytes(manifest)
+        run.results.write_bytes(lines)
+        with mock.patch.object(plots, "line", return_value=""):  # the report's plots: 80% of the time, read nothing
+            code = _cli(["merge", str(run.root), "--reports", str(Path(tmp) / "reports"), "--run-id", "merged",
+                         "--history", str(Path(tmp) / "h.sqlite")])
+    if code == 0:
+        return "false-go"
+    return "ok" if code in (1, 2) else f"crash: exit {code}"
+
+
+def stacks_files() -> st.SearchStrategy[bytes]:
+    entry = {"stack": "cpu-torch2.14.1-py3.11-1a2b3c4d", "image": "reg/stack@sha256:" + "a" * 64, "key": "k",
+             "size": 1, "sbom_digest": "sha256:s", "torch": "2.14.1", "cuda": "cpu", "python": "3.11"}
+    valid = {"schema": 1, "registry": "reg", "stacks": {entry["stack"]: entry}}
+    head = b'{"schema": 1, "registry": "reg", "stacks": {"' + entry["stack"].encode() + b'": '
+    return st.one_of(mutated(valid), mutated(entry).map(lambda e: head + e + b"}}"))
+
+
+def check_stacks(data: bytes) -> str:
+    """stacks.json as a pool runner reads it (`run --stacks`): every image it returns is by digest."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "stacks.json"
+        path.write_bytes(data)
+        found = artifacts.read(path)
+    ok = all("@sha256:" in a.image and a.stack == label for label, a in found.items())
+    return "ok" if ok else f"crash: accepted {found!r:.120}"
+
+
 def history_rows() -> st.SearchStrategy[list[Any]]:
     cell = st.one_of(st.none(), st.text(max_size=8), st.integers(min_value=-(2**63), max_value=2**63 - 1),
                      st.floats(allow_nan=True), st.binary(max_size=8), st.just(b"\xff\xfe"))
@@ -350,4 +437,6 @@ ENTRY_POINTS: dict[str, tuple[Callable[[], st.SearchStrategy[Any]], Callable[[An
     "matrix show": (matrix_texts, check_matrix_show),
     "history": (history_rows, check_history),
     "promote --dry-run": (report_jsons, check_promote_dry_run),
+    "merge (run.json, results.jsonl)": (bundles, check_merge),
+    "stacks.json -> run --stacks": (stacks_files, check_stacks),
 }

@@ -5,7 +5,9 @@ bounds the time; `nox -s bad-inputs` runs >= 10,000 of them and prints the table
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
+from unittest import mock
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -28,17 +30,35 @@ def test_no_crash_no_hang_no_false_go(entry: str) -> None:
     each()
 
 
+def _fast_world() -> tuple[Any, ...]:
+    fast = replace(hostile.PROD_RESULT, cell_id=hostile.CAND.id, role=hostile.CAND.role)
+    return ((hostile.PROD, hostile.CAND), (), {hostile.PROD.id: hostile.PROD_RESULT, hostile.CAND.id: fast},
+            hostile.POLICY, hostile.TODAY)
+
+
 def test_the_checks_can_fail() -> None:
     """The oracle sees a false GO, a crash and a hang when there is one (a check that cannot fail is a defect)."""
-    fast = hostile._dump(hostile.FAST) + b"\n" + hostile._dump(hostile.LOSS_RECORD) + b"\n"
-    assert hostile.check_records(fast) == "false-go"  # the candidate as fast as production: GO
-    slow = hostile._dump(hostile.SLOW) + b"\n" + hostile._dump(hostile.LOSS_RECORD) + b"\n"
-    assert hostile.check_records(slow) == "ok"  # truly 3x slower, said plainly: NO-GO
+    loss = hostile._dump(hostile.LOSS_RECORD) + b"\n"
+    fast, slow = hostile._dump(hostile.FAST) + b"\n" + loss, hostile._dump(hostile.SLOW) + b"\n" + loss
+    assert hostile.check_records(fast) == "ok" and hostile.check_records(slow) == "ok"  # GO and NO-GO, rightly
+    go = hostile.gate.decide(*_fast_world())
+    assert go.verdict.decision.value == "GO"
+    with mock.patch.object(hostile.gate, "decide", return_value=go):  # a gate that says GO to anything
+        assert hostile.check_records(fast) == "ok"  # the fast copy is the only gated measurement: GO is right
+        assert hostile.check_records(slow) == "false-go"  # contradicted by the slow record
+        assert hostile.check_records(loss) == "false-go"  # the gated metric is missing
+        assert hostile.check_records(hostile._dump({**hostile.SLOW, "tags": {}}).replace(b"30.", b"10.") + b"\n"
+                                     + hostile._dump({**hostile.SLOW, "samples": [99.0] * 12}) + b"\n") == "false-go"
     assert hostile.outcome(lambda: str(1 / 0)).startswith("crash: ZeroDivisionError")
 
     def forever() -> str:
         while True:
             pass
+
+    manifest, lines = hostile._merge_world(1.0)  # a merged bundle whose candidate is as fast: GO
+    assert hostile.check_merge((hostile._dump(manifest), b"\n".join(lines) + b"\n")) == "false-go"
+    manifest, lines = hostile._merge_world()
+    assert hostile.check_merge((hostile._dump(manifest), b"\n".join(lines) + b"\n")) == "ok"
 
     before, hostile.HANG_S = hostile.HANG_S, 1
     try:
