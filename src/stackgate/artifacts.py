@@ -16,6 +16,7 @@ from pathlib import Path
 
 from stackgate import tomlfile
 from stackgate.boundary import stacks as stacks_boundary
+from stackgate.boundary.fleet import RegistryOnly
 from stackgate.errors import ConfigError
 from stackgate.report.files import atomic_write
 
@@ -66,12 +67,8 @@ def from_toml(path: Path) -> tuple[str | None, str | None]:
     """The `[registry]` table of a stackgate.toml or fleet.toml (url, repository), if there is one."""
     if not path.is_file():
         return None, None
-    doc = tomlfile.load(path)
-    table = tomlfile.get(doc, doc.data, "registry", dict, default={})
-    tomlfile.check_keys(doc, table, ["url", "repository"], "registry")
-    url = tomlfile.get(doc, table, "url", str, "registry", default=None)
-    repository = tomlfile.get(doc, table, "repository", str, "registry", default=None)
-    return url, repository
+    found = tomlfile.validate(tomlfile.load(path), RegistryOnly).registry
+    return found.url, found.repository
 
 
 @dataclass(frozen=True)

@@ -11,15 +11,15 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 from stackgate import tomlfile
+from stackgate.boundary import fleet as boundary
+from stackgate.boundary.fleet import FleetFile, PoolRow
 from stackgate.errors import ConfigError
 from stackgate.model import GpuClass, RunnerPool, SlurmSpec, Transport
 from stackgate.versions import Driver, parse_driver
 
-MAX_NODES = 4096  # nodes of a pool, and of a topology
-MAX_GPUS_PER_NODE = 128
+MAX_NODES = boundary.MAX_NODES  # nodes of a pool, and of a topology
 MAX_PROCS_PER_NODE = 1024
 _DATACENTER = re.compile(r"\b(A100|A800|A10G?|A30|A40|H100|H800|H200|GH200|H20|B100|B200|B300|GB200|GB300|L4|L20|"
                          r"L40S?|T4|V100)\b", re.I)
@@ -68,59 +68,42 @@ def parse_nvidia_smi(text: str) -> LocalHost:
 
 
 def load_pools(path: Path, local: LocalHost) -> dict[str, RunnerPool]:
+    """fleet.toml's pools (`boundary.fleet.FleetFile`: each key typed and ranged, exit 2 at its line);
+    a detected pool takes this machine's driver, GPUs and their count."""
     doc = tomlfile.load(path)
-    tomlfile.check_keys(doc, doc.data, ["pool", "registry"])  # [registry]: read by artifacts.from_toml
+    found = tomlfile.validate(doc, FleetFile)
     pools: dict[str, RunnerPool] = {}
-    keys = ["detect", "driver", "gpu_class", "gpu", "gpus_per_node", "transport", "nodes", "runs_on", "launcher",
-            "partition", "account", "constraint"]
-    for name, row in tomlfile.get(doc, doc.data, "pool", dict).items():
+    for name, row in found.pool.items():
         if not re.fullmatch(r"[a-z0-9][a-z0-9\-]*", name):
             raise doc.error(f"pool name {name!r} must be lower-case letters, digits and '-'", "pool", name)
-        tomlfile.check_keys(doc, row, keys, "pool", name)
-        nodes = tomlfile.get(doc, row, "nodes", int, "pool", name, default=1)
-        if not 1 <= nodes <= MAX_NODES:
-            raise doc.error(f"pool {name}: nodes = {nodes}; a pool has 1 to {MAX_NODES} nodes", "pool", name, "nodes")
-        gpus = tomlfile.get(doc, row, "gpus_per_node", int, "pool", name, default=0)
-        if not 0 <= gpus <= MAX_GPUS_PER_NODE:
-            raise doc.error(f"pool {name}: gpus_per_node = {gpus}; must be between 0 and {MAX_GPUS_PER_NODE}",
-                            "pool", name, "gpus_per_node")
-        runs_on = tomlfile.str_list(doc, row, "runs_on", "pool", name, default=[])
-        detect = tomlfile.get(doc, row, "detect", bool, "pool", name, default=False)
         slurm = _slurm(doc, row, name)
         # the expected network is what the pool declares; a detected pool that declares none expects "any"
-        transport = tomlfile.parsed(doc, Transport, tomlfile.get(doc, row, "transport", str, "pool", name,
-                                                        default="any" if detect else "none"),
-                           "pool", name, "transport")
-        if detect:
+        transport = Transport(row.transport or ("any" if row.detect else "none"))
+        if row.detect:
             pools[name] = RunnerPool(
                 name=name, driver=local.driver, gpu_class=local.gpu_class, gpu=local.gpu or "cpu",
                 gpus_per_node=local.gpu_count, transport=transport if local.gpu_count else Transport.NONE,
-                nodes=nodes, is_local=True, runs_on=runs_on, slurm=slurm,
+                nodes=row.nodes, is_local=True, runs_on=tuple(row.runs_on), slurm=slurm,
             )
             continue
-        driver = tomlfile.get(doc, row, "driver", str, "pool", name, default="")
         pools[name] = RunnerPool(
             name=name,
-            driver=tomlfile.parsed(doc, parse_driver, driver, "pool", name, "driver") if driver else None,
-            gpu_class=tomlfile.parsed(doc, GpuClass, tomlfile.get(doc, row, "gpu_class", str, "pool", name, default="none"),
-                             "pool", name, "gpu_class"),
-            gpu=tomlfile.get(doc, row, "gpu", str, "pool", name, default=""),
-            gpus_per_node=gpus,
+            driver=tomlfile.parsed(doc, parse_driver, row.driver, "pool", name, "driver") if row.driver else None,
+            gpu_class=GpuClass(row.gpu_class),
+            gpu=row.gpu,
+            gpus_per_node=row.gpus_per_node,
             transport=transport,
-            nodes=nodes,
-            runs_on=runs_on,
+            nodes=row.nodes,
+            runs_on=tuple(row.runs_on),
             slurm=slurm,
         )
     return pools
 
 
-def _slurm(doc: tomlfile.Doc, row: Mapping[str, Any], name: str) -> SlurmSpec | None:
+def _slurm(doc: tomlfile.Doc, row: PoolRow, name: str) -> SlurmSpec | None:
     """`launcher = "slurm"` with its partition/account/constraint; those keys without it are an error."""
-    launcher = tomlfile.get(doc, row, "launcher", str, "pool", name, default="local")
-    if launcher not in ("local", "slurm"):
-        raise doc.error(f"pool {name}: launcher = {launcher!r}; use \"local\" or \"slurm\"", "pool", name, "launcher")
-    found = {k: tomlfile.get(doc, row, k, str, "pool", name, default="") for k in ("partition", "account", "constraint")}
-    if launcher == "local":
+    found = {"partition": row.partition, "account": row.account, "constraint": row.constraint}
+    if row.launcher == "local":
         given = [k for k, v in found.items() if v]
         if given:
             raise doc.error(f"pool {name}: {', '.join(given)} only apply with launcher = \"slurm\"", "pool", name,

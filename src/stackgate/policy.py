@@ -11,9 +11,10 @@ import datetime as dt
 import fnmatch
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from stackgate import tomlfile
+from stackgate.boundary.policy import PolicyFile
 from stackgate.errors import ConfigError
 from stackgate.model import Reason
 
@@ -166,175 +167,60 @@ class Policy:
 
 
 def load_policy(path: Path) -> Policy:
+    """The policy file, validated whole (`boundary.policy.PolicyFile`: an unknown key, a wrong type,
+    a number out of its range or not finite, a choice that is not one is exit 2 at its line), then
+    what the model cannot say: a waiver must name what it waives."""
     doc = tomlfile.load(path)
-    d = doc.data
-    tomlfile.check_keys(doc, d, ["gate", "required", "performance", "numerics", "waiver", "vulnerabilities", "size"])
-    gate = tomlfile.get(doc, d, "gate", dict, default={})
-    tomlfile.check_keys(doc, gate, ["inconclusive_exit_code", "preexisting_failures", "confirm_failures",
-                                     "flaky_failures"], "gate")
-    preexisting = tomlfile.get(doc, gate, "preexisting_failures", str, "gate", default="go")
-    if preexisting not in PREEXISTING:
-        raise doc.error(f"preexisting_failures = {preexisting!r}", "gate", "preexisting_failures",
-                        hint='use "go" (a test failing in production too is listed, not held against the '
-                             'candidate) or "inconclusive"')
-    flaky = tomlfile.get(doc, gate, "flaky_failures", str, "gate", default="inconclusive")
-    if flaky not in FLAKY:
-        raise doc.error(f"flaky_failures = {flaky!r}", "gate", "flaky_failures",
-                        hint='use "inconclusive" (a failure a rerun does not repeat leaves the verdict '
-                             'INCONCLUSIVE), "go" (listed, not held against the candidate) or "no-go"')
-    req = tomlfile.get(doc, d, "required", dict, default={})
-    tomlfile.check_keys(doc, req, ["cells", "tests", "candidate_tests", "all_tests", "metrics"], "required")
-    perf = tomlfile.get(doc, d, "performance", dict, default={})
-    tomlfile.check_keys(doc, perf, ["confidence", "resamples", "min_samples", "repeats", "confirm_repeats",
-                                     "max_pressure", "pressure_reruns", "pairing", "metric"], "performance")
-    rules = []
-    for index, row in enumerate(tomlfile.get(doc, perf, "metric", list, "performance", default=[])):
-        tomlfile.check_keys(doc, row, ["name", "tolerance", "devices", "tags", "method", "summary"],
-                            "performance", "metric")
-        tags = tomlfile.get(doc, row, "tags", dict, "performance", "metric", default={})
-        method = tomlfile.get(doc, row, "method", str, "performance", "metric", default="bootstrap")
-        if method not in METHODS:
-            raise doc.error(f"unknown method {method!r}", "performance", "metric", "method",
-                            hint="use 'bootstrap' (many samples) or 'threshold' (one value)")
-        summary = tomlfile.get(doc, row, "summary", str, "performance", "metric", default="median")
-        if summary not in SUMMARIES:
-            raise doc.error(f"unknown summary {summary!r}", "performance", "metric", "summary",
-                            hint="use 'median' (each run's median sample) or 'best' (its best sample)")
-        for device in tomlfile.str_list(doc, row, "devices", "performance", "metric", default=[]):
-            if device not in DEVICES:
-                raise doc.error(f"devices = {device!r} is not a device", "performance", "metric", "devices",
-                                hint="use " + " or ".join(f'"{d}"' for d in DEVICES) + " (a rule for a device no cell "
-                                     "has gates nothing)")
-        rules.append(MetricRule(
-            name=tomlfile.get(doc, row, "name", str, "performance", "metric"),
-            tolerance=_in_range(doc, row, "tolerance", 0.0, None, "performance", "metric"),
-            devices=tomlfile.str_list(doc, row, "devices", "performance", "metric", default=[]),
-            tags=tuple(sorted((str(k), str(v)) for k, v in tags.items())),
-            method=method,
-            summary=summary,
-            line=_nth(doc, "[[performance.metric]]", index),
-        ))
-    num = tomlfile.get(doc, d, "numerics", dict, default={})
-    tomlfile.check_keys(doc, num, ["metric"], "numerics")
-    numerics = []
-    for index, row in enumerate(tomlfile.get(doc, num, "metric", list, "numerics", default=[])):
-        tomlfile.check_keys(doc, row, ["name", "rtol", "atol", "steps"], "numerics", "metric")
-        numerics.append(NumericsRule(
-            name=tomlfile.get(doc, row, "name", str, "numerics", "metric"),
-            rtol=_in_range(doc, row, "rtol", 0.0, None, "numerics", "metric", default=0.0),
-            atol=_in_range(doc, row, "atol", 0.0, None, "numerics", "metric", default=0.0),
-            steps=int(_in_range(doc, row, "steps", 0, None, "numerics", "metric", default=0, kind=int)),
-            line=_nth(doc, "[[numerics.metric]]", index),
-        ))
-    waivers = []
-    for index, row in enumerate(tomlfile.get(doc, d, "waiver", list, default=[])):
-        tomlfile.check_keys(doc, row, ["cells", "tests", "reason", "link", "expires"], "waiver")
-        expires = _date(doc, row, "expires", "waiver")
-        reason = tomlfile.get(doc, row, "reason", str, "waiver")
-        cells = tomlfile.get(doc, row, "cells", str, "waiver", default="*")
-        tests = tomlfile.get(doc, row, "tests", str, "waiver", default="*")
-        if cells.strip() in ("", "*") and tests.strip() in ("", "*"):
-            raise ConfigError(f"[[waiver]] ({reason[:60]!r}) names no cells and no tests: it would waive everything, "
-                              "including a candidate that never ran", path=path, line=_nth(doc, "[[waiver]]", index),
+    f = tomlfile.validate(doc, PolicyFile)
+    for index, row in enumerate(f.waiver):
+        if row.cells.strip() in ("", "*") and row.tests.strip() in ("", "*"):
+            raise ConfigError(f"[[waiver]] ({row.reason[:60]!r}) names no cells and no tests: it would waive "
+                              "everything, including a candidate that never ran", path=path,
+                              line=_nth(doc, "[[waiver]]", index),
                               hint="name what it waives: cells = \"<cell id glob>\" and/or tests = \"<file::test glob>\"")
-        waivers.append(Waiver(
-            cells=cells,
-            tests=tests,
-            reason=reason,
-            link=tomlfile.get(doc, row, "link", str, "waiver", default=""),
-            expires=expires,
-            line=_nth(doc, "[[waiver]]", index),
-        ))
-    supply, allowed = _supply(doc, path)
-    confidence = _in_range(doc, perf, "confidence", 0.5, 0.9999, "performance", default=0.95)
-    pairing = _choice(doc, perf, "pairing", PAIRINGS, "sequential", "performance")
-    exit_code = int(_in_range(doc, gate, "inconclusive_exit_code", 0, 1, "gate", default=1, kind=int))
+    perf, vuln, size = f.performance, f.vulnerabilities, f.size
+    rules = tuple(MetricRule(name=r.name, tolerance=r.tolerance, devices=tuple(r.devices),
+                             tags=tuple(sorted(r.tags.items())), method=r.method,
+                             summary=r.summary, line=_nth(doc, "[[performance.metric]]", i))
+                  for i, r in enumerate(perf.metric))
+    numerics = tuple(NumericsRule(name=r.name, rtol=r.rtol, atol=r.atol, steps=r.steps,
+                                  line=_nth(doc, "[[numerics.metric]]", i)) for i, r in enumerate(f.numerics.metric))
+    waivers = tuple(Waiver(cells=w.cells, tests=w.tests, reason=w.reason, link=w.link, expires=w.expires,
+                           line=_nth(doc, "[[waiver]]", i)) for i, w in enumerate(f.waiver))
+    allowed = tuple(Waiver(cells="*", tests="*", reason=a.reason, link=a.link, expires=a.review_by,
+                           line=_nth(doc, "[[vulnerabilities.allow]]", i), advisory=a.id, package=a.package,
+                           stacks=a.stacks) for i, a in enumerate(vuln.allow))
+    supply = SupplyRules(database=(path.parent / vuln.database).resolve() if vuln.database else None,
+                         threshold=vuln.threshold, inherited=vuln.inherited, unrated=vuln.unrated,
+                         max_growth=size.max_growth, max_growth_bytes=int(size.max_growth_mb * 1_000_000),
+                         size_over=size.over)
+    req = f.required
     return Policy(
         path=path,
-        inconclusive_exit_code=exit_code,
-        preexisting_failures="inconclusive" if preexisting == "inconclusive" else "go",
-        confirm_failures=int(_in_range(doc, gate, "confirm_failures", 0, 10, "gate", default=2, kind=int)),
-        flaky_failures=next(f for f in FLAKY if f == flaky),
-        required_cells=tomlfile.str_list(doc, req, "cells", "required", default=[]),
-        required_cells_line=doc.line_of("required", "cells") if "cells" in req else None,
-        required_tests=tomlfile.str_list(doc, req, "tests", "required", default=[]),
-        candidate_tests=tomlfile.str_list(doc, req, "candidate_tests", "required", default=[]),
-        all_tests_required=tomlfile.get(doc, req, "all_tests", bool, "required", default=False),
-        required_metrics=tomlfile.str_list(doc, req, "metrics", "required", default=[]),
+        inconclusive_exit_code=f.gate.inconclusive_exit_code,
+        preexisting_failures=f.gate.preexisting_failures,
+        confirm_failures=f.gate.confirm_failures,
+        flaky_failures=f.gate.flaky_failures,
+        required_cells=tuple(req.cells),
+        required_cells_line=doc.line_of("required", "cells") if "cells" in req.model_fields_set else None,
+        required_tests=tuple(req.tests),
+        candidate_tests=tuple(req.candidate_tests),
+        all_tests_required=req.all_tests,
+        required_metrics=tuple(req.metrics),
         origin=str(path),
-        confidence=confidence,
-        resamples=int(_in_range(doc, perf, "resamples", 200, 20_000, "performance", default=2000, kind=int)),
-        min_samples=int(_in_range(doc, perf, "min_samples", 1, None, "performance", default=3, kind=int)),
-        repeats=int(_in_range(doc, perf, "repeats", 1, 100, "performance", default=1, kind=int)),
-        confirm_repeats=int(_in_range(doc, perf, "confirm_repeats", 1, 100, "performance", default=5, kind=int)),
-        max_pressure=_in_range(doc, perf, "max_pressure", 0.0, 1.0, "performance", default=MAX_PRESSURE),
-        pressure_reruns=int(_in_range(doc, perf, "pressure_reruns", 0, 20, "performance", default=3, kind=int)),
-        pairing=next(p for p in PAIRINGS if p == pairing),
-        performance=tuple(rules),
-        numerics=tuple(numerics),
-        waivers=tuple(waivers) + allowed,
+        confidence=perf.confidence,
+        resamples=perf.resamples,
+        min_samples=perf.min_samples,
+        repeats=perf.repeats,
+        confirm_repeats=perf.confirm_repeats,
+        max_pressure=perf.max_pressure if perf.max_pressure is not None else MAX_PRESSURE,
+        pressure_reruns=perf.pressure_reruns,
+        pairing=perf.pairing,
+        performance=rules,
+        numerics=numerics,
+        waivers=waivers + allowed,
         supply=supply,
     )
-
-
-def _date(doc: tomlfile.Doc, row: dict[str, Any], key: str, *where: str) -> dt.date:
-    value: Any = tomlfile.get(doc, row, key, (dt.date, str), *where)
-    if isinstance(value, str):
-        try:
-            value = dt.date.fromisoformat(value)
-        except ValueError:
-            raise doc.error(f"'{key}' must be a date (YYYY-MM-DD), got {value!r}", *where, key) from None
-    return value  # type: ignore[no-any-return]
-
-
-def _choice(doc: tomlfile.Doc, table: dict[str, Any], key: str, choices: tuple[str, ...], default: str,
-            *where: str) -> str:
-    value = tomlfile.get(doc, table, key, str, *where, default=default)
-    if value not in choices:
-        raise doc.error(f"{key} = {value!r}", *where, key, hint="use one of: " + ", ".join(f'"{c}"' for c in choices))
-    return str(value)
-
-
-def _supply(doc: tomlfile.Doc, path: Path) -> tuple[SupplyRules, tuple[Waiver, ...]]:
-    """[vulnerabilities] (database, threshold, inherited, unrated, [[vulnerabilities.allow]]) and [size]."""
-    vuln = tomlfile.get(doc, doc.data, "vulnerabilities", dict, default={})
-    tomlfile.check_keys(doc, vuln, ["database", "threshold", "inherited", "unrated", "allow"], "vulnerabilities")
-    database = tomlfile.get(doc, vuln, "database", str, "vulnerabilities", default="")
-    threshold = _choice(doc, vuln, "threshold", ("LOW", "MODERATE", "HIGH", "CRITICAL"), "HIGH", "vulnerabilities")
-    allowed = []
-    for index, row in enumerate(tomlfile.get(doc, vuln, "allow", list, "vulnerabilities", default=[])):
-        where = ("vulnerabilities", "allow")
-        tomlfile.check_keys(doc, row, ["id", "package", "stacks", "reason", "review_by", "link"], *where)
-        allowed.append(Waiver(cells="*", tests="*", reason=tomlfile.get(doc, row, "reason", str, *where),
-                              link=tomlfile.get(doc, row, "link", str, *where, default=""),
-                              expires=_date(doc, row, "review_by", *where), line=_nth(doc, "[[vulnerabilities.allow]]", index),
-                              advisory=tomlfile.get(doc, row, "id", str, *where),
-                              package=tomlfile.get(doc, row, "package", str, *where, default="*"),
-                              stacks=tomlfile.get(doc, row, "stacks", str, *where, default="*")))
-    size = tomlfile.get(doc, doc.data, "size", dict, default={})
-    tomlfile.check_keys(doc, size, ["max_growth", "max_growth_mb", "over"], "size")
-    rules = SupplyRules(
-        database=(path.parent / database).resolve() if database else None,
-        threshold=threshold,
-        inherited=next(f for f in FLAKY if f == _choice(doc, vuln, "inherited", FLAKY, "go", "vulnerabilities")),
-        unrated="block" if _choice(doc, vuln, "unrated", ("list", "block"), "list", "vulnerabilities") == "block"
-        else "list",
-        max_growth=_in_range(doc, size, "max_growth", 0.0, None, "size", default=0.10),
-        max_growth_bytes=int(_in_range(doc, size, "max_growth_mb", 0.0, None, "size", default=500.0) * 1_000_000),
-        size_over="inconclusive" if _choice(doc, size, "over", ("no-go", "inconclusive"), "no-go", "size")
-        == "inconclusive" else "no-go")
-    return rules, tuple(allowed)
-
-
-def _in_range(doc: tomlfile.Doc, table: dict[str, Any], key: str, low: float, high: float | None, *where: str,
-              default: Any = ..., kind: type = float) -> float:
-    """A number within [low, high], or a ConfigError with file:line that says the range."""
-    kinds: tuple[type, ...] = (int,) if kind is int else (float, int)
-    value = tomlfile.get(doc, table, key, kinds, *where, default=default)
-    if value < low or (high is not None and value > high):
-        bound = f"between {low:g} and {high:g}" if high is not None else f">= {low:g}"
-        raise doc.error(f"'{key}' = {value!r} is out of range: must be {bound}", *where, key)
-    return float(value)
 
 
 def load_for_suite(*, suite: Path, bundled_suite: Path, config_dir: Path, explicit: Path | None,

@@ -6,6 +6,7 @@ a key, so that errors read `matrix/upgrade.toml:12: unknown key 'pols' (did you 
 
 from __future__ import annotations
 
+import datetime as dt
 import difflib
 import math
 import re
@@ -13,7 +14,9 @@ import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, TypeVar, get_args, get_origin
+
+from pydantic import BaseModel, ValidationError
 
 from stackgate.errors import ConfigError
 
@@ -59,6 +62,44 @@ class Doc:
         for number, raw in enumerate(self.lines, start=1):
             if re.search(rf"(^|[\s\[.{{,]){re.escape(keys[-1])}\s*[=\].]", raw):
                 return number
+        return None
+
+    def line_at(self, loc: tuple[Any, ...]) -> int | None:
+        """The line of a validation error's location (table, ..., index, key, ...). A name followed
+        by an index is the n-th `[[name]]` block (an array of tables), and the key after it is searched
+        in that block; an index after a key (an element of its list) is that key's line."""
+        names = [p for p in loc if isinstance(p, str)]
+        block: tuple[int, int, int] | None = None  # the entry's first line, its end, and how many names lead to it
+        path: list[str] = []
+        for part in loc:
+            if isinstance(part, str):
+                path.append(part)
+                continue
+            found = self._nth_header(".".join(path), part)
+            if found is not None:
+                block = (*found, len(path))
+        if block is None:
+            return self.line_of(*names)
+        first, end, depth = block
+        rest = names[depth:]
+        for number in range(first + 1, end) if rest else ():
+            match = _KEY.match(self.lines[number - 1])
+            if match and _unquote(match.group(1)) == rest[0]:
+                return number
+        return first
+
+    def _nth_header(self, name: str, index: int) -> tuple[int, int] | None:
+        """The n-th `[[name]]` header's line, and the line of the header after it (or the end)."""
+        seen = -1
+        for number, raw in enumerate(self.lines, start=1):
+            header = _HEADER.match(raw)
+            if header and raw.strip().startswith("[[") and ".".join(
+                    _unquote(p) for p in header.group(1).split(".")) == name:
+                seen += 1
+                if seen == index:
+                    end = next((n for n in range(number + 1, len(self.lines) + 1)
+                                if _HEADER.match(self.lines[n - 1])), len(self.lines) + 1)
+                    return number, end
         return None
 
     def error(self, message: str, *keys: str, hint: str | None = None) -> ConfigError:
@@ -152,3 +193,126 @@ def parsed(doc: Doc, parser: Any, value: Any, *keys: str) -> Any:
         raise doc.error(str(exc), *keys, hint=exc.hint) from None
     except ValueError as exc:
         raise doc.error(str(exc), *keys) from None
+
+
+# ------------------------------------------------------------------------------------ typed models
+Table = TypeVar("Table", bound=BaseModel)
+_EXPECTED = {"int_type": "int", "float_type": "a number", "string_type": "str", "bool_type": "bool",
+             "dict_type": "a table", "model_type": "a table", "list_type": "a list", "date_type": "a date (YYYY-MM-DD)"}
+
+
+def validate(doc: Doc, model: type[Table], data: Mapping[str, Any] | None = None) -> Table:
+    """The file (or `data`, a part of it) as `model`: strict (a string is never a number, a boolean
+    never an int), closed (an unknown key is an error, with a "did you mean"), bounded (each number
+    in its range, every float finite). The first error is a ConfigError at the file's line of the key."""
+    try:
+        return model.model_validate(doc.data if data is None else data)
+    except ValidationError as exc:
+        raise _error(doc, model, exc.errors(include_url=False)[0]) from None
+
+
+def _error(doc: Doc, model: type[BaseModel], error: Any) -> ConfigError:
+    loc = tuple(error["loc"])
+    names = [p for p in loc if isinstance(p, str)]
+    key = names[-1] if names else "(the file)"
+    table = names[:-1]
+    value = error.get("input")
+    kind = error["type"]
+    where = f" in [{'.'.join(table)}]" if table else ""
+    line = doc.line_at(loc)
+    hint = None
+    if kind == "extra_forbidden":
+        allowed = sorted(_fields_at(model, loc[:-1]))
+        close = difflib.get_close_matches(key, allowed, n=1)
+        message = f"unknown key '{key}'{where}"
+        hint = f"did you mean '{close[0]}'?" if close else f"allowed keys: {', '.join(allowed)}"
+    elif kind == "missing":
+        message = f"missing required key '{key}'{where}"
+        hint = f"add '{key} = ...'"
+    elif kind == "finite_number":
+        message = f"'{key}' = {value!r} is not a finite number"
+        hint = "give a finite number within the documented range"
+    elif kind in ("greater_than_equal", "less_than_equal", "greater_than", "less_than"):
+        low, high = _bounds(model, loc)
+        ctx = error.get("ctx") or {}
+        low = low if low is not None else ctx.get("ge", ctx.get("gt"))
+        high = high if high is not None else ctx.get("le", ctx.get("lt"))
+        bound = (f"between {low:g} and {high:g}" if low is not None and high is not None
+                 else f">= {low:g}" if low is not None else f"<= {high:g}" if high is not None else "in range")
+        message = f"'{key}' = {value!r} is out of range: must be {bound}"
+    elif kind == "literal_error":
+        choices = ", ".join(f'"{c}"' for c in _choices(getattr(_walk(model, loc), "annotation", None)))
+        message = f"{key} = {value!r} is not one of {choices or error['ctx']['expected']}"
+        hint = f"use one of: {choices or error['ctx']['expected']}"
+    elif kind in _EXPECTED:
+        message = f"'{key}' must be {_EXPECTED[kind]}, got {type(value).__name__} {value!r}"
+    else:
+        message = f"'{key}': {str(error['msg']).removeprefix('Value error, ')}"
+    return ConfigError(message, path=doc.path, line=line, hint=hint)
+
+
+def _walk(model: type[BaseModel], loc: tuple[Any, ...]) -> Any:
+    """The field of `model` at `loc` (list indices skipped): its FieldInfo, or the model at the end."""
+    current: Any = model
+    info = None
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        if get_origin(current) is dict:  # a key of a table of tables ([pool.<name>]): its value's type
+            current = get_args(current)[1]
+            continue
+        inner = _model_of(current)
+        if inner is None or part not in inner.model_fields:
+            return info
+        info = inner.model_fields[part]
+        current = info.annotation
+    return info
+
+
+def _model_of(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in get_args(annotation):
+        found = _model_of(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _choices(annotation: Any) -> list[Any]:
+    """The values of the Literal in a field's type (in a list of them, or optional)."""
+    if get_origin(annotation) is Literal:
+        return list(get_args(annotation))
+    return next((found for arg in get_args(annotation) if (found := _choices(arg))), [])
+
+
+def _fields_at(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
+    info = _walk(model, loc) if loc else None
+    inner = model if not loc else _model_of(info.annotation) if info is not None else None
+    return list(inner.model_fields) if inner is not None else []
+
+
+def _bounds(model: type[BaseModel], loc: tuple[Any, ...]) -> tuple[float | None, float | None]:
+    info = _walk(model, loc)
+    low = high = None
+    for rule in getattr(info, "metadata", ()):
+        low = getattr(rule, "ge", None) if getattr(rule, "ge", None) is not None else low
+        low = getattr(rule, "gt", None) if getattr(rule, "gt", None) is not None else low
+        high = getattr(rule, "le", None) if getattr(rule, "le", None) is not None else high
+        high = getattr(rule, "lt", None) if getattr(rule, "lt", None) is not None else high
+    return low, high
+
+
+def to_date(value: Any) -> Any:
+    """A TOML date, or a string that is one (YYYY-MM-DD): a BeforeValidator for date fields."""
+    if isinstance(value, str):
+        try:
+            return dt.date.fromisoformat(value)
+        except ValueError:
+            raise ValueError(f"{value!r} is not a date (YYYY-MM-DD)") from None
+    return value
+
+
+def to_list(value: Any) -> Any:
+    """A string or a list of strings, as a list: a BeforeValidator."""
+    return [value] if isinstance(value, str) else value

@@ -69,8 +69,8 @@ def test_parity_fails_on_nan_and_short_trajectories() -> None:
     ("[performance]\nresamples = 0\n", "'resamples' = 0 is out of range"),
     ("[performance]\nconfidence = 7\n", "'confidence' = 7 is out of range"),
     ("[[performance.metric]]\nname = 'x'\ntolerance = -1\n", "'tolerance' = -1 is out of range"),
-    ("[[performance.metric]]\nname = 'x'\ntolerance = 0.1\nmethod = 'guess'\n", "unknown method 'guess'"),
-    ("[[performance.metric]]\nname = 'x'\ntolerance = 0.1\nsummary = 'mean'\n", "unknown summary 'mean'"),
+    ("[[performance.metric]]\nname = 'x'\ntolerance = 0.1\nmethod = 'guess'\n", "method = 'guess' is not one of \"bootstrap\", \"threshold\""),
+    ("[[performance.metric]]\nname = 'x'\ntolerance = 0.1\nsummary = 'mean'\n", "summary = 'mean' is not one of \"median\", \"best\""),
     ("[gate]\ninconclusive_exit_code = 7\n", "out of range"),
 ])
 def test_policy_values_are_range_checked_with_file_and_line(tmp_path: Path, text: str, message: str) -> None:

@@ -145,9 +145,9 @@ def test_non_finite_and_out_of_range_policy_numbers_name_file_and_line(tmp_path:
 
 
 @pytest.mark.parametrize(("row", "words"), [
-    ("gpus_per_node = -8", "gpus_per_node = -8; must be between 0 and 128"),
+    ("gpus_per_node = -8", "'gpus_per_node' = -8 is out of range: must be between 0 and 128"),
     ("gpus_per_node = 100000000000000000000", "gpus_per_node"),
-    ("nodes = 0", "1 to 4096 nodes"),
+    ("nodes = 0", "'nodes' = 0 is out of range: must be between 1 and 4096"),
 ])
 def test_fleet_counts_have_ranges(tmp_path: Path, row: str, words: str) -> None:
     path = _write(tmp_path, f"[pool.p5]\ndriver = '580.65.06'\ngpu_class = 'datacenter'\n{row}\n", "fleet.toml")
@@ -201,3 +201,42 @@ def test_calibrate_history_show_and_base_image_options_are_in_the_cascade(tmp_pa
     parsed = build_parser().parse_args(["matrix", "show", "--only", "*cpu*", "--candidate", "2.14.1"])
     assert (parsed.only, parsed.candidate) == (["*cpu*"], "2.14.1")
     assert build_parser().parse_args(["base-image", "--mirror", "http://m"]).debian_mirror == "http://m"
+
+
+POLICY_ROWS = ("[[performance.metric]]\nname = 'a'\ntolerance = 0.1\n\n"
+               "[[performance.metric]]\nname = 'b'\ntolerance = 0.1\n{row}\n\n"
+               "[[waiver]]\ncells = 'x'\nreason = 'r'\nexpires = 2027-01-01\n")
+
+
+@pytest.mark.parametrize(("row", "line", "words", "hint"), [
+    ("tolerence = 0.2", 8, "unknown key 'tolerence' in [performance.metric]", "did you mean 'tolerance'?"),
+    ("tags = { clock = ['cpu'] }", 8, "'clock' must be str, got list ['cpu']", None),
+    ("devices = ['cpu', 'gpu']", 8, "devices = 'gpu' is not one of \"cpu\", \"cuda\"", 'use one of: "cpu", "cuda"'),
+    ("method = 1", 8, "method = 1 is not one of", None),
+    ("summary = true", 8, "summary = True is not one of", None),
+])
+def test_the_policy_is_one_typed_model_and_its_errors_land_on_the_line(tmp_path: Path, row: str, line: int,
+                                                                       words: str, hint: str | None) -> None:
+    """#40: the policy file is validated whole by its model (boundary/policy.py); an error inside the
+    second [[performance.metric]] block is reported at that block's line, not the first's."""
+    path = _write(tmp_path, POLICY_ROWS.format(row=row), "policy.toml")
+    with pytest.raises(ConfigError) as info:
+        policy.load_policy(path)
+    assert words in str(info.value) and info.value.line == line, str(info.value)
+    if hint is not None:
+        assert info.value.hint == hint
+
+
+def test_a_policy_number_beyond_any_range_and_a_nested_date_name_their_line(tmp_path: Path) -> None:
+    path = _write(tmp_path, "[gate]\nconfirm_failures = 100000000000000000000000\n", "policy.toml")
+    with pytest.raises(ConfigError, match=r"'confirm_failures' = 100000000000000000000000 is out of range: "
+                                          r"must be between 0 and 10") as info:
+        policy.load_policy(path)
+    assert info.value.line == 2
+    path = _write(tmp_path, POLICY_ROWS.format(row="") + "[[waiver]]\ncells = 'y'\nreason = 'r'\nexpires = 'soon'\n",
+                  "policy.toml")
+    with pytest.raises(ConfigError, match=r"'expires': 'soon' is not a date \(YYYY-MM-DD\)") as info:
+        policy.load_policy(path)
+    assert info.value.line == 17
+    loaded = policy.load_policy(_write(tmp_path, POLICY_ROWS.format(row="devices = 'cuda'"), "policy.toml"))
+    assert [r.devices for r in loaded.performance] == [(), ("cuda",)] and [r.line for r in loaded.performance] == [1, 5]

@@ -751,7 +751,7 @@ _config_waiver_that_names_nothing = _config_policy("waiver_that_names_nothing",
 
 
 CONFIG_ROWS = [
-    (_config_typo_in_a_rules_device, "policy.toml:4: devices = 'cdua' is not a device"),
+    (_config_typo_in_a_rules_device, "policy.toml:4: devices = 'cdua' is not one of \"cpu\", \"cuda\""),
     (_config_waiver_that_names_nothing, "policy.toml:1: [[waiver]] ('flaky') names no cells and no tests"),
     (_config_required_glob_typo, "matches no cell of the matrix"),
     (_config_rtol_nan, "'rtol' = nan is not a finite number"),
