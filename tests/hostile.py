@@ -25,7 +25,7 @@ from unittest import mock
 
 from hypothesis import strategies as st
 
-from stackgate import artifacts, cli, fleet, gate, inputs, options, osv, selftest, shipped, suite
+from stackgate import artifacts, cli, compat, fleet, gate, inputs, options, osv, selftest, shipped, suite
 from stackgate.errors import StackgateError
 from stackgate.junit import parse_junit
 from stackgate.model import ROLLBACK, CellResult, Decision, Metric, Role, Status
@@ -282,6 +282,24 @@ def check_policy(text: bytes) -> str:
     return "ok"
 
 
+def config_texts(name: str) -> Callable[[], st.SearchStrategy[bytes]]:
+    return lambda: st.one_of(edited(name), st.binary(max_size=40), st.just(b"\xff\xfe[pool.x]\n"))
+
+
+def check_loads(name: str) -> Callable[[bytes], str]:
+    """A shipped config file with hostile values loaded by its reader: a model or exit 2, never a crash."""
+    readers: dict[str, Callable[[Path], object]] = {"fleet.toml": lambda p: fleet.load_pools(p, fleet.LocalHost()),
+                                                    "compat.toml": compat.load_compat}
+
+    def check(text: bytes) -> str:
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / name
+            path.write_bytes(text)
+            readers[name](path)
+        return "ok"
+    return check
+
+
 def matrix_texts() -> st.SearchStrategy[bytes]:
     return st.one_of(edited("upgrade.toml", edits=1, include=True), st.binary(max_size=40))
 
@@ -439,4 +457,6 @@ ENTRY_POINTS: dict[str, tuple[Callable[[], st.SearchStrategy[Any]], Callable[[An
     "promote --dry-run": (report_jsons, check_promote_dry_run),
     "merge (run.json, results.jsonl)": (bundles, check_merge),
     "stacks.json -> run --stacks": (stacks_files, check_stacks),
+    "fleet.toml -> load": (config_texts("fleet.toml"), check_loads("fleet.toml")),
+    "compat.toml -> load": (config_texts("compat.toml"), check_loads("compat.toml")),
 }

@@ -13,6 +13,7 @@ from typing import Any
 from packaging.version import Version
 
 from stackgate import tomlfile
+from stackgate.boundary.compat import CompatFile
 from stackgate.errors import ConfigError
 from stackgate.model import GpuClass
 from stackgate.versions import CudaVariant, Driver, parse_driver, parse_python, parse_torch, release_series
@@ -85,56 +86,29 @@ class Compatibility:
 
 
 def load_compat(path: Path) -> CompatTable:
+    """compat.toml (`boundary.compat.CompatFile`), each version in it parsed, an error at its line."""
     doc = tomlfile.load(path)
-    tomlfile.check_keys(doc, doc.data, ["cuda", "forward_compat", "torch"])
-    drivers: dict[str, DriverRule] = {}
-    for key, row in tomlfile.get(doc, doc.data, "cuda", dict).items():
-        tomlfile.check_keys(doc, row, ["min_driver", "source"], "cuda", key)
-        drivers[key] = DriverRule(
-            key=key,
-            min_driver=_located(doc, lambda r=row, k=key: parse_driver(tomlfile.get(doc, r, "min_driver", str, "cuda", k)), "cuda", key, "min_driver"),
-            source=tomlfile.get(doc, row, "source", str, "cuda", key, default=""),
-        )
-    fc = tomlfile.get(doc, doc.data, "forward_compat", dict, default={})
-    tomlfile.check_keys(doc, fc, ["gpu_classes", "min_driver", "source", "branches"], "forward_compat")
-    branches: dict[str, str] = {}
-    for branch, row in tomlfile.get(doc, fc, "branches", dict, "forward_compat", default={}).items():
-        tomlfile.check_keys(doc, row, ["kind", "end_of_life"], "forward_compat", "branches", branch)
-        kind = tomlfile.get(doc, row, "kind", str, "forward_compat", "branches", branch)
-        if kind not in ("ltsb", "pb", "nfb") or not branch.isdigit():
-            raise doc.error(f"branch {branch!r}: kind must be ltsb, pb or nfb (got {kind!r}) and the branch a driver "
-                            "major such as \"580\"", "forward_compat", "branches", branch)
-        branches[branch] = kind
-    classes = tuple(
-        _located(doc, lambda c=c: GpuClass(c),
-            "forward_compat", "gpu_classes")
-        for c in tomlfile.str_list(doc, fc, "gpu_classes", "forward_compat", default=["datacenter"])
-    )
-    releases: dict[str, TorchRelease] = {}
-    for series, row in tomlfile.get(doc, doc.data, "torch", dict).items():
-        tomlfile.check_keys(doc, row, ["cuda", "python", "pypi_default"], "torch", series)
-        default = tomlfile.get(doc, row, "pypi_default", str, "torch", series, default="")
-        releases[series] = TorchRelease(
-            series=series,
-            cuda=tuple(
-                _located(doc, lambda v=v: CudaVariant.parse(v), "torch", series, "cuda")
-                for v in tomlfile.str_list(doc, row, "cuda", "torch", series)
-            ),
-            python=tuple(
-                _located(doc, lambda p=p: parse_python(p), "torch", series, "python")
-                for p in tomlfile.str_list(doc, row, "python", "torch", series)
-            ),
-            pypi_default=CudaVariant.parse(default) if default else None,
-            line=_row_line(doc, series),
-        )
+    f = tomlfile.validate(doc, CompatFile)
+    drivers = {key: DriverRule(key=key, min_driver=tomlfile.parsed(doc, parse_driver, row.min_driver, "cuda", key,
+                                                                   "min_driver"), source=row.source)
+               for key, row in f.cuda.items()}
+    fc = f.forward_compat
+    releases = {series: TorchRelease(
+        series=series,
+        cuda=tuple(tomlfile.parsed(doc, CudaVariant.parse, v, "torch", series, "cuda") for v in row.cuda),
+        python=tuple(tomlfile.parsed(doc, parse_python, p, "torch", series, "python") for p in row.python),
+        pypi_default=tomlfile.parsed(doc, CudaVariant.parse, row.pypi_default, "torch", series, "pypi_default")
+        if row.pypi_default else None,
+        line=_row_line(doc, series),
+    ) for series, row in f.torch.items()}
     return CompatTable(
         path=path,
         drivers=drivers,
-        forward_compat_classes=classes,
-        forward_compat_min_driver=parse_driver(str(fc.get("min_driver", "535"))),
-        forward_compat_source=str(fc.get("source", "")),
+        forward_compat_classes=tuple(GpuClass(c) for c in fc.gpu_classes),
+        forward_compat_min_driver=tomlfile.parsed(doc, parse_driver, fc.min_driver, "forward_compat", "min_driver"),
+        forward_compat_source=fc.source,
         torch=releases,
-        forward_compat_branches=branches,
+        forward_compat_branches={branch: row.kind for branch, row in fc.branches.items()},
     )
 
 
@@ -152,16 +126,6 @@ def _row_line(doc: tomlfile.Doc, series: str) -> int | None:
         elif header is not None and text.startswith("pypi_default"):
             return number
     return header
-
-
-def _located(doc: tomlfile.Doc, parse: Any, *keys: str) -> Any:
-    """Run a parser; re-raise its ConfigError with this file and line."""
-    try:
-        return parse()
-    except ConfigError as exc:
-        raise doc.error(str(exc), *keys, hint=exc.hint) from None
-    except ValueError as exc:
-        raise doc.error(str(exc), *keys) from None
 
 
 def check(

@@ -34,6 +34,11 @@ def _unquote(key: str) -> str:
     return key.strip().strip("\"'")
 
 
+def _dotted(path: str) -> tuple[str, ...]:
+    """A dotted table path, quoted parts kept whole: `torch."2.14"` is ("torch", "2.14")."""
+    return tuple(_unquote(part) for part in re.findall(r"\"[^\"]*\"|'[^']*'|[^.\s]+", path))
+
+
 @dataclass(frozen=True)
 class Doc:
     """A parsed TOML file with its text, for error positions."""
@@ -51,7 +56,7 @@ class Doc:
         for number, raw in enumerate(self.lines, start=1):
             header = _HEADER.match(raw)
             if header:
-                table = tuple(_unquote(part) for part in header.group(1).split("."))
+                table = _dotted(header.group(1))
                 if table == tuple(keys):
                     return number
                 continue
@@ -93,8 +98,7 @@ class Doc:
         seen = -1
         for number, raw in enumerate(self.lines, start=1):
             header = _HEADER.match(raw)
-            if header and raw.strip().startswith("[[") and ".".join(
-                    _unquote(p) for p in header.group(1).split(".")) == name:
+            if header and raw.strip().startswith("[[") and ".".join(_dotted(header.group(1))) == name:
                 seen += 1
                 if seen == index:
                     end = next((n for n in range(number + 1, len(self.lines) + 1)
@@ -208,18 +212,24 @@ def validate(doc: Doc, model: type[Table], data: Mapping[str, Any] | None = None
     try:
         return model.model_validate(doc.data if data is None else data)
     except ValidationError as exc:
-        raise _error(doc, model, exc.errors(include_url=False)[0]) from None
+        errors = exc.errors(include_url=False)  # an unknown key first: "did you mean" explains a missing one too
+        raise _error(doc, model, next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])) from None
 
 
 def _error(doc: Doc, model: type[BaseModel], error: Any) -> ConfigError:
     loc = tuple(error["loc"])
+    value = error.get("input")
+    kind = error["type"]
+    if loc and loc[-1] == "[key]":  # a table's key itself ([forward_compat.branches] "58x")
+        loc = loc[:-1]
+        names = [p for p in loc if isinstance(p, str)]
+        return ConfigError(f"{value!r} in [{_shown(names[:-1])}]: {error['msg']}", path=doc.path,
+                           line=doc.line_at(loc))
     names = [p for p in loc if isinstance(p, str)]
     key = names[-1] if names else "(the file)"
     table = names[:-1]
-    value = error.get("input")
-    kind = error["type"]
-    where = f" in [{'.'.join(table)}]" if table else ""
-    line = doc.line_at(loc)
+    where = f" in [{_shown(table)}]" if table else ""
+    line = doc.line_at(loc[:-1] if kind == "missing" and len(loc) > 1 else loc)
     hint = None
     if kind == "extra_forbidden":
         allowed = sorted(_fields_at(model, loc[:-1]))
@@ -249,6 +259,11 @@ def _error(doc: Doc, model: type[BaseModel], error: Any) -> ConfigError:
     else:
         message = f"'{key}': {str(error['msg']).removeprefix('Value error, ')}"
     return ConfigError(message, path=doc.path, line=line, hint=hint)
+
+
+def _shown(table: list[str]) -> str:
+    """A table path as TOML writes it: `torch."2.14"`."""
+    return ".".join(part if re.fullmatch(r"[A-Za-z0-9_-]+", part) else f'"{part}"' for part in table)
 
 
 def _walk(model: type[BaseModel], loc: tuple[Any, ...]) -> Any:
