@@ -12,11 +12,11 @@ import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from stackgate import proc
+from stackgate import proc, tomlfile
+from stackgate.boundary.matrix import StackRow
 from stackgate.errors import ConfigError, InfraError
 from stackgate.versions import CudaVariant, parse_torch
 
@@ -131,32 +131,24 @@ class Declared:
     python: str  # an image's interpreter ("python3": the first on its PATH)
 
 
-def declared_stacks(doc: Any, rows: Any) -> tuple[Declared, ...]:
+def declared_stacks(doc: tomlfile.Doc, rows: Sequence[StackRow]) -> tuple[Declared, ...]:
     """`[[stack]] role = "candidate", backend = "host", python = "/usr/local/conda/bin/python"` or
-    `[[stack]] role = "candidate", image = "registry/repo@sha256:...", python = "/usr/local/conda/bin/python"`;
-    a host interpreter's relative path is taken against the matrix file's directory."""
-    from stackgate import tomlfile
-    if not isinstance(rows, list):
-        raise doc.error("[[stack]] entries must be tables", "stack")
+    `[[stack]] role = "candidate", image = "registry/repo@sha256:...", python = "/usr/local/conda/bin/python"`
+    (`boundary.matrix.StackRow`); a host interpreter's relative path is taken against the matrix file's
+    directory."""
     out: dict[str, Declared] = {}
     for row in rows:
-        if not isinstance(row, dict):
-            raise doc.error("[[stack]] entries must be tables", "stack")
-        tomlfile.check_keys(doc, row, ["role", "backend", "python", "image"], "stack")
-        role = tomlfile.get(doc, row, "role", str, "stack", default="candidate")
-        backend = tomlfile.get(doc, row, "backend", str, "stack", default=HOST if "image" not in row else "docker")
-        python = tomlfile.get(doc, row, "python", str, "stack", default="")
-        image = tomlfile.get(doc, row, "image", str, "stack", default="")
-        if role not in ("candidate", "production") or role in out:
-            raise doc.error(f"[[stack]] role = {role!r}: one stack per role, candidate or production", "stack",
+        backend = row.backend if row.backend is not None else (HOST if not row.image else "docker")
+        if row.role in out:
+            raise doc.error(f"[[stack]] role = {row.role!r}: one stack per role, candidate or production", "stack",
                             hint='role = "candidate" (the default) or "production"')
-        if (image and backend == HOST) or (not image and (backend != HOST or not python)):
+        if (row.image and backend == HOST) or (not row.image and (backend != HOST or not row.python)):
             raise doc.error("[[stack]] needs either image = REF (with python = its interpreter, optional) or "
                             'backend = "host" with python = PATH', "stack")
-        if image:
-            out[role] = Declared(role, IMAGE, image, python or "python3")
+        if row.image:
+            out[row.role] = Declared(row.role, IMAGE, row.image, row.python or "python3")
         else:
-            out[role] = Declared(role, HOST, str((doc.path.parent / python).absolute()), python)
+            out[row.role] = Declared(row.role, HOST, str((doc.path.parent / row.python).absolute()), row.python)
     return tuple(out.values())
 
 

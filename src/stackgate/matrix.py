@@ -11,13 +11,13 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 from packaging.version import Version
 
 from stackgate import compat as compat_mod
 from stackgate import fleet, tomlfile
 from stackgate import sources as sources_mod
+from stackgate.boundary.matrix import ExcludeRow, IncludeRow, MatrixFile, ProductionFile
 from stackgate.errors import ConfigError
 from stackgate.given import Declared, Probed, declared_stacks
 from stackgate.model import (
@@ -108,23 +108,18 @@ class Expansion:
 # ---------------------------------------------------------------------------------------------- load
 
 def load_production(path: Path) -> Production:
+    """production.toml (`boundary.matrix.ProductionFile`), its versions parsed at their lines."""
     doc = tomlfile.load(path)
-    tomlfile.check_keys(doc, doc.data, ["production"])
-    row = tomlfile.get(doc, doc.data, "production", dict)
-    tomlfile.check_keys(doc, row, ["torch", "cuda", "python", "cpu", "run", "images"], "production")
-    tomlfile.get(doc, row, "run", str, "production", default="")  # `stackgate promote`: the run that proved it
-    for label, image in tomlfile.get(doc, row, "images", dict, "production", default={}).items():
-        if not isinstance(image, str) or "@sha256:" not in image:  # the tested images, by digest
+    row = tomlfile.validate(doc, ProductionFile).production
+    for label, image in row.images.items():
+        if "@sha256:" not in image:  # the tested images, by digest
             raise doc.error(f"production image {label!r} must be named by digest (repo@sha256:...)", "production",
                             "images", label)
-    cpu = tomlfile.get(doc, row, "cpu", dict, "production", default={})
-    tomlfile.check_keys(doc, cpu, ["cuda"], "production", "cpu")
     return Production(
-        torch=tomlfile.parsed(doc, parse_torch, tomlfile.get(doc, row, "torch", str, "production"), "production", "torch"),
-        python=tomlfile.parsed(doc, parse_python, tomlfile.get(doc, row, "python", str, "production"), "production", "python"),
-        cuda=tomlfile.parsed(doc, CudaVariant.parse, tomlfile.get(doc, row, "cuda", str, "production"), "production", "cuda"),
-        cpu_cuda=tomlfile.parsed(doc, CudaVariant.parse, tomlfile.get(doc, cpu, "cuda", str, "production", "cpu", default="cpu"),
-                        "production", "cpu", "cuda"),
+        torch=tomlfile.parsed(doc, parse_torch, row.torch, "production", "torch"),
+        python=tomlfile.parsed(doc, parse_python, row.python, "production", "python"),
+        cuda=tomlfile.parsed(doc, CudaVariant.parse, row.cuda, "production", "cuda"),
+        cpu_cuda=tomlfile.parsed(doc, CudaVariant.parse, row.cpu.cuda, "production", "cpu", "cuda"),
         path=path,
     )
 
@@ -133,100 +128,64 @@ _RULE_KEYS = ("pool", "cuda", "torch", "python", "topology")
 
 
 def load_matrix(path: Path) -> MatrixSpec:
+    """A matrix file (`boundary.matrix.MatrixFile`), its versions and topologies parsed and
+    range-checked at their lines."""
     doc = tomlfile.load(path)
-    tomlfile.check_keys(doc, doc.data, ["matrix", "include", "exclude", "source", "stack"])
-    m = tomlfile.get(doc, doc.data, "matrix", dict)
-    tomlfile.check_keys(doc, m, ["name", "channel", "pools", "torch", "cuda", "python", "topology", "required",
-                                 "cpu", "fallback"], "matrix")
-    fallback = tomlfile.get(doc, m, "fallback", str, "matrix", default="")
-    if fallback not in ("", "last-green"):
-        raise doc.error(f"fallback = {fallback!r}", "matrix", "fallback",
-                        hint='use "last-green" (the nightly channel runs the last green nightly when the newest '
-                             "fails a guard), or leave it out")
-    gpu_cuda = tomlfile.str_list(doc, m, "cuda", "matrix", nonempty=True)
+    f = tomlfile.validate(doc, MatrixFile)
+    m = f.matrix
     gpu = AxisSet(
-        cuda=tuple(tomlfile.parsed(doc, CudaVariant.parse, v, "matrix", "cuda") for v in gpu_cuda if v != DEFAULT_VARIANT),
-        topology=tuple(_topology_word(doc, t, "matrix") for t in tomlfile.str_list(doc, m, "topology", "matrix", default=["node"], nonempty=True)),
-        release_default=DEFAULT_VARIANT in gpu_cuda,
+        cuda=tuple(tomlfile.parsed(doc, CudaVariant.parse, v, "matrix", "cuda") for v in m.cuda if v != DEFAULT_VARIANT),
+        topology=tuple(_topology_word(doc, t, "matrix") for t in m.topology),
+        release_default=DEFAULT_VARIANT in m.cuda,
     )
-    cpu_row = tomlfile.get(doc, m, "cpu", dict, "matrix", default={})
-    tomlfile.check_keys(doc, cpu_row, ["cuda", "topology"], "matrix", "cpu")
-    cpu_cuda = tomlfile.str_list(doc, cpu_row, "cuda", "matrix", "cpu", default=list(gpu_cuda), nonempty=True)
+    cpu_cuda = m.cpu.cuda if m.cpu.cuda is not None else m.cuda
     cpu = AxisSet(
-        cuda=tuple(tomlfile.parsed(doc, CudaVariant.parse, v, "matrix", "cpu", "cuda") for v in cpu_cuda if v != DEFAULT_VARIANT),
-        topology=tuple(_topology_word(doc, t, "matrix", "cpu")
-                       for t in tomlfile.str_list(doc, cpu_row, "topology", "matrix", "cpu", default=["1x2"])),
+        cuda=tuple(tomlfile.parsed(doc, CudaVariant.parse, v, "matrix", "cpu", "cuda")
+                   for v in cpu_cuda if v != DEFAULT_VARIANT),
+        topology=tuple(_topology_word(doc, t, "matrix", "cpu") for t in m.cpu.topology),
         release_default=DEFAULT_VARIANT in cpu_cuda,
     )
-    torch = tomlfile.str_list(doc, m, "torch", "matrix", nonempty=True)
-    for t in torch:
+    for t in m.torch:
         if t != "nightly":
             tomlfile.parsed(doc, parse_torch, t, "matrix", "torch")
-    channel = tomlfile.get(doc, m, "channel", str, "matrix", default="stable")
-    if channel not in ("stable", "nightly", "test"):
-        raise doc.error(f"unknown channel {channel!r}", "matrix", "channel", hint="use stable, test or nightly")
-    rules: dict[str, list[Rule]] = {"include": [], "exclude": []}
-    for kind, bucket in rules.items():
-        rows = tomlfile.get(doc, doc.data, kind, list, default=[])
-        for index, row in enumerate(rows):
-            if not isinstance(row, dict):
-                raise doc.error(f"[[{kind}]] entries must be tables", kind)
-            tomlfile.check_keys(doc, row, _RULE_KEYS, kind)
-            fields = tuple((k, str(row[k])) for k in _RULE_KEYS if k in row)
-            line = _nth_header_line(doc, kind, index)
-            if kind == "include" and "pool" not in row:
-                raise ConfigError("[[include]] needs a 'pool'", path=path, line=line)
-            if kind == "include":  # its values are range-checked like the axes' (an exclude's are globs)
-                _check_include(doc, dict(fields))
-            bucket.append(Rule(fields=fields, line=line))
+    includes = []
+    for index, row in enumerate(f.include):  # its values are range-checked like the axes' (an exclude's are globs)
+        _check_include(doc, row)
+        includes.append(Rule(fields=_fields(row), line=doc.nth_header("include", index)))
+    excludes = tuple(Rule(fields=_fields(row), line=doc.nth_header("exclude", index))
+                     for index, row in enumerate(f.exclude))
     return MatrixSpec(
         path=path,
-        name=tomlfile.get(doc, m, "name", str, "matrix", default=path.stem),
-        channel=channel,
-        pools=tomlfile.str_list(doc, m, "pools", "matrix", nonempty=True),
-        torch=torch,
-        python=tuple(tomlfile.parsed(doc, parse_python, p, "matrix", "python") for p in tomlfile.str_list(doc, m, "python", "matrix", nonempty=True)),
+        name=m.name if m.name is not None else path.stem,
+        channel=m.channel,
+        pools=tuple(m.pools),
+        torch=tuple(m.torch),
+        python=tuple(tomlfile.parsed(doc, parse_python, p, "matrix", "python") for p in m.python),
         gpu_axes=gpu,
         cpu_axes=cpu,
-        required=tomlfile.str_list(doc, m, "required", "matrix", default=[]),
-        includes=tuple(rules["include"]),
-        excludes=tuple(rules["exclude"]),
-        source=load_source(doc, tomlfile.get(doc, doc.data, "source", dict, default={})),
+        required=tuple(m.required),
+        includes=tuple(includes),
+        excludes=excludes,
+        source=WheelSource(name=f.source.name, index_url=f.source.index_url,
+                           extra_index_urls=tuple(f.source.extra_index_urls), find_links=tuple(f.source.find_links),
+                           inherit_pip_config=f.source.inherit_pip_config, pre=f.source.pre),
         doc=doc,
-        fallback=fallback,
-        stacks=declared_stacks(doc, doc.data.get("stack", [])),
+        fallback=m.fallback,
+        stacks=declared_stacks(doc, f.stack),
     )
 
 
-def load_source(doc: tomlfile.Doc, row: Mapping[str, Any]) -> WheelSource:
-    tomlfile.check_keys(doc, row, ["name", "index_url", "extra_index_urls", "find_links", "inherit_pip_config", "pre"],
-                        "source")
-    return WheelSource(
-        name=tomlfile.get(doc, row, "name", str, "source", default="default"),
-        index_url=tomlfile.get(doc, row, "index_url", str, "source", default=None),
-        extra_index_urls=tomlfile.str_list(doc, row, "extra_index_urls", "source", default=[]),
-        find_links=tomlfile.str_list(doc, row, "find_links", "source", default=[]),
-        inherit_pip_config=tomlfile.get(doc, row, "inherit_pip_config", bool, "source", default=True),
-        pre=tomlfile.get(doc, row, "pre", bool, "source", default=False),
-    )
+def _fields(row: IncludeRow | ExcludeRow) -> tuple[tuple[str, str], ...]:
+    return tuple((k, value) for k in _RULE_KEYS if (value := getattr(row, k)) is not None)
 
 
-def _nth_header_line(doc: tomlfile.Doc, kind: str, index: int) -> int | None:
-    seen = -1
-    for number, raw in enumerate(doc.lines, start=1):
-        if raw.strip().startswith(f"[[{kind}]]"):
-            seen += 1
-            if seen == index:
-                return number
-    return doc.line_of(kind)
-
-
-def _check_include(doc: tomlfile.Doc, fields: dict[str, str]) -> None:
+def _check_include(doc: tomlfile.Doc, row: IncludeRow) -> None:
     for key, parse in (("torch", parse_torch), ("cuda", CudaVariant.parse), ("python", parse_python)):
-        if key in fields:
-            tomlfile.parsed(doc, parse, fields[key], "include", key)
-    if "topology" in fields:
-        _topology_word(doc, fields["topology"], "include")
+        value = getattr(row, key)
+        if value is not None:
+            tomlfile.parsed(doc, parse, value, "include", key)
+    if row.topology is not None:
+        _topology_word(doc, row.topology, "include")
 
 
 def _topology_word(doc: tomlfile.Doc, word: str, *where: str) -> str:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Literal, NamedTuple, TypeVar, cast, get_args
 
 from stackgate import artifacts, shipped, tomlfile
+from stackgate.boundary.project import StackgateToml
 from stackgate.errors import ConfigError
 from stackgate.policy import PAIRINGS, Pairing
 from stackgate.sources import DEBIAN_MIRROR
@@ -374,8 +375,8 @@ def read(cli: Mapping[str, object], env: Mapping[str, str], project_file: Path |
         project_file = absolute(project_file, cwd)
     if project_file is not None and project_file.exists():
         doc = tomlfile.load(project_file)
-        tomlfile.check_keys(doc, doc.data, ["run", "registry"])  # a misspelled table is an error, not ignored
-        run = tomlfile.get(doc, doc.data, "run", dict, default={})
+        project = tomlfile.validate(doc, StackgateToml)  # a misspelled table is an error, not ignored
+        run = project.run  # each value is parsed by its option's declaration below
         tomlfile.check_keys(doc, run, [k.replace("_", "-") for k in fields] + list(fields), "run")
         layers.append((str(project_file), {k.replace("-", "_"): v for k, v in run.items()}))
         url, repository = artifacts.from_toml(project_file)  # [registry] url, repository

@@ -176,19 +176,19 @@ def load_policy(path: Path) -> Policy:
         if row.cells.strip() in ("", "*") and row.tests.strip() in ("", "*"):
             raise ConfigError(f"[[waiver]] ({row.reason[:60]!r}) names no cells and no tests: it would waive "
                               "everything, including a candidate that never ran", path=path,
-                              line=_nth(doc, "[[waiver]]", index),
+                              line=doc.nth_header("waiver", index),
                               hint="name what it waives: cells = \"<cell id glob>\" and/or tests = \"<file::test glob>\"")
     perf, vuln, size = f.performance, f.vulnerabilities, f.size
     rules = tuple(MetricRule(name=r.name, tolerance=r.tolerance, devices=tuple(r.devices),
                              tags=tuple(sorted(r.tags.items())), method=r.method,
-                             summary=r.summary, line=_nth(doc, "[[performance.metric]]", i))
+                             summary=r.summary, line=doc.nth_header("performance.metric", i))
                   for i, r in enumerate(perf.metric))
     numerics = tuple(NumericsRule(name=r.name, rtol=r.rtol, atol=r.atol, steps=r.steps,
-                                  line=_nth(doc, "[[numerics.metric]]", i)) for i, r in enumerate(f.numerics.metric))
+                                  line=doc.nth_header("numerics.metric", i)) for i, r in enumerate(f.numerics.metric))
     waivers = tuple(Waiver(cells=w.cells, tests=w.tests, reason=w.reason, link=w.link, expires=w.expires,
-                           line=_nth(doc, "[[waiver]]", i)) for i, w in enumerate(f.waiver))
+                           line=doc.nth_header("waiver", i)) for i, w in enumerate(f.waiver))
     allowed = tuple(Waiver(cells="*", tests="*", reason=a.reason, link=a.link, expires=a.review_by,
-                           line=_nth(doc, "[[vulnerabilities.allow]]", i), advisory=a.id, package=a.package,
+                           line=doc.nth_header("vulnerabilities.allow", i), advisory=a.id, package=a.package,
                            stacks=a.stacks) for i, a in enumerate(vuln.allow))
     supply = SupplyRules(database=(path.parent / vuln.database).resolve() if vuln.database else None,
                          threshold=vuln.threshold, inherited=vuln.inherited, unrated=vuln.unrated,
@@ -243,13 +243,3 @@ def load_for_suite(*, suite: Path, bundled_suite: Path, config_dir: Path, explic
                    origin=f"default for a user suite (no {own} found): every test collected in production must "
                           f"pass in each required candidate cell" + ("; plus the platform checks' required tests"
                                                                       if platform_checks else ""))
-
-
-def _nth(doc: tomlfile.Doc, header: str, index: int) -> int | None:
-    seen = -1
-    for number, raw in enumerate(doc.lines, start=1):
-        if raw.strip().startswith(header):
-            seen += 1
-            if seen == index:
-                return number
-    return None

@@ -37,6 +37,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
 from stackgate import proc, tomlfile
+from stackgate.boundary.project import IncludeGroup, PyProject
 from stackgate.errors import ConfigError, InfraError
 from stackgate.installer import cache_lock, cached_dir, is_network_failure
 from stackgate.plan import SUITE_REQUIREMENTS as BASE
@@ -233,11 +234,11 @@ def _project(text: str, base: Path, origin: str) -> LocalProject:
 
 
 def _dependency_group(pyproject: Path, reqs: list[Line]) -> str:
-    doc = tomlfile.load(pyproject)
-    tool = tomlfile.get(doc, doc.data, "tool", dict, default={})
-    ours = tomlfile.get(doc, tool, "stackgate", dict, default={})
-    groups = tomlfile.get(doc, doc.data, "dependency-groups", dict, default={})
-    named = tomlfile.get(doc, ours, "dependency-group", str, default="")
+    """The suite's requirements from its pyproject.toml's dependency group (`boundary.project.PyProject`):
+    `[tool.stackgate] dependency-group`, else a group named "stackgate"."""
+    found = tomlfile.validate(tomlfile.load(pyproject), PyProject)
+    groups = found.dependency_groups
+    named = found.tool.stackgate.dependency_group
     if named and named not in groups:
         raise ConfigError(f"{pyproject}: [tool.stackgate] dependency-group = {named!r}, but [dependency-groups] "
                           f"has {', '.join(sorted(groups)) or 'no groups'}")
@@ -249,21 +250,18 @@ def _dependency_group(pyproject: Path, reqs: list[Line]) -> str:
     return group
 
 
-def _group_items(groups: Mapping[str, Any], name: str, pyproject: Path, trail: tuple[str, ...]) -> list[str]:
+def _group_items(groups: Mapping[str, Sequence[str | IncludeGroup]], name: str, pyproject: Path,
+                 trail: tuple[str, ...]) -> list[str]:
     if name in trail:
         raise ConfigError(f"{pyproject}: dependency group {name!r} includes itself ({' -> '.join((*trail, name))})")
-    items = groups.get(name)
-    if not isinstance(items, list):
-        raise ConfigError(f"{pyproject}: dependency group {name!r} is missing or not a list")
+    if name not in groups:
+        raise ConfigError(f"{pyproject}: dependency group {name!r} is missing")
     out: list[str] = []
-    for item in items:
-        if isinstance(item, dict) and "include-group" in item:
-            out += _group_items(groups, str(item["include-group"]), pyproject, (*trail, name))
-        elif isinstance(item, str):
-            out.append(item)
+    for item in groups[name]:
+        if isinstance(item, IncludeGroup):
+            out += _group_items(groups, item.include_group, pyproject, (*trail, name))
         else:
-            raise ConfigError(f"{pyproject}: dependency group {name!r}: {item!r} is neither a requirement nor "
-                              "{include-group = ...}")
+            out.append(item)
     return out
 
 

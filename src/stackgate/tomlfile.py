@@ -1,14 +1,17 @@
-"""TOML loading with positions: tomllib gives no line numbers, so we find them in the text.
+"""TOML files with positions: tomllib gives no line numbers, so we find them in the text.
 
-Every value read from a file goes through `Doc`, which knows its file and can point at the line of
-a key, so that errors read `matrix/upgrade.toml:12: unknown key 'pols' (did you mean 'pools'?)`.
+A file is read once (`load`, a `Doc` that knows its text) and validated whole against its model
+(`validate`: the pydantic models of `stackgate.boundary`, strict, closed and ranged); the first error
+becomes a ConfigError at the key's line, inside the right `[[array]]` entry:
+`matrix/upgrade.toml:12: unknown key 'pols' in [matrix]` with "did you mean 'pools'?". What a model
+cannot say (a version that does not parse, a waiver that names nothing) is said with `parsed` and
+`Doc.error`, at the same lines.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import difflib
-import math
 import re
 import sys
 from collections.abc import Iterable, Mapping
@@ -93,6 +96,11 @@ class Doc:
                 return number
         return first
 
+    def nth_header(self, name: str, index: int) -> int | None:
+        """The line of the n-th `[[name]]` (an array of tables' entry)."""
+        found = self._nth_header(name, index)
+        return found[0] if found is not None else None
+
     def _nth_header(self, name: str, index: int) -> tuple[int, int] | None:
         """The n-th `[[name]]` header's line, and the line of the header after it (or the end)."""
         seen = -1
@@ -149,44 +157,6 @@ def check_keys(doc: Doc, table: Mapping[str, Any], allowed: Iterable[str], *wher
             hint = f"did you mean '{close[0]}'?" if close else f"allowed keys: {', '.join(allowed)}"
             raise doc.error(f"unknown key '{key}'" + (f" in [{'.'.join(where)}]" if where else ""),
                             *where, key, hint=hint)
-
-
-def get(doc: Doc, table: Mapping[str, Any], key: str, kind: type | tuple[type, ...], *where: str,
-        default: Any = ...) -> Any:
-    """Typed access: a wrong type names the file, line and the expected type."""
-    if key not in table:
-        if default is ...:
-            raise doc.error(f"missing required key '{key}'", *where, hint=f"add '{key} = ...' to [{'.'.join(where) or 'top level'}]")
-        return default
-    value = table[key]
-    if isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,)):
-        ok = False
-    else:
-        ok = isinstance(value, kind)
-    if not ok:
-        names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
-        raise doc.error(f"'{key}' must be {names}, got {type(value).__name__} {value!r}", *where, key)
-    if isinstance(value, float) and not math.isfinite(value):  # TOML spells nan and inf; no setting means them
-        raise doc.error(f"'{key}' = {value!r} is not a finite number", *where, key,
-                        hint="give a finite number within the documented range")
-    return value
-
-
-def str_list(doc: Doc, table: Mapping[str, Any], key: str, *where: str, default: Any = ...,
-             nonempty: bool = False) -> tuple[str, ...]:
-    """A string or a list of strings; `nonempty`: an empty list is an error (an axis with no value
-    expands to no cell at all)."""
-    value = get(doc, table, key, (list, str), *where, default=default)
-    if nonempty and value == []:
-        raise doc.error(f"'{key}' is an empty list", *where, key, hint=f"give at least one value for '{key}'")
-    if value is default and default is not ...:
-        return tuple(default) if isinstance(default, (list, tuple)) else default
-    if isinstance(value, str):
-        return (value,)
-    for item in value:
-        if not isinstance(item, str):
-            raise doc.error(f"'{key}' must be a list of strings, found {item!r}", *where, key)
-    return tuple(value)
 
 
 def parsed(doc: Doc, parser: Any, value: Any, *keys: str) -> Any:
@@ -250,6 +220,11 @@ def _error(doc: Doc, model: type[BaseModel], error: Any) -> ConfigError:
         bound = (f"between {low:g} and {high:g}" if low is not None and high is not None
                  else f">= {low:g}" if low is not None else f"<= {high:g}" if high is not None else "in range")
         message = f"'{key}' = {value!r} is out of range: must be {bound}"
+    elif kind == "too_short" and value in ([], ()):
+        message = f"'{key}' is an empty list"
+        hint = f"give at least one value for '{key}'"
+    elif kind in ("too_long", "too_short"):
+        message = f"'{key}': {error['msg']}"
     elif kind == "literal_error":
         choices = ", ".join(f'"{c}"' for c in _choices(getattr(_walk(model, loc), "annotation", None)))
         message = f"{key} = {value!r} is not one of {choices or error['ctx']['expected']}"

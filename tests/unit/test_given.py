@@ -120,8 +120,9 @@ def test_a_matrix_can_name_the_candidate_stack_the_team_has(tmp_path: Path) -> N
     assert {c.stack.given for c in cells if c.role.value == "candidate"} == {f"host:{fake}"}
     for bad, message in (('image = "reg/x:1"\nbackend = "host"\n', "needs either image"),
                          ('backend = "host"\n', "needs either image"),
-                         ('image = "reg/x:1"\nrole = "staging"\n', "one stack per role"),
-                         ('image = "reg/x:1"\nimage_python = "p"\n', "image_python")):
+                         ('image = "reg/x:1"\nrole = "staging"\n', "role = 'staging' is not one of \"candidate\", \"production\""),
+                         ('image = "reg/x:1"\nimage_python = "p"\n', "image_python"),
+                         ('image = "reg/x:1"\n[[stack]]\nimage = "reg/y:1"\n', "one stack per role")):
         (tmp_path / "bad.toml").write_text(upgrade + "\n[[stack]]\n" + bad)
         with pytest.raises(ConfigError, match=message) as err:
             matrix.load_matrix(tmp_path / "bad.toml")
