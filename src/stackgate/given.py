@@ -8,7 +8,6 @@ suite runs."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +16,7 @@ from packaging.version import InvalidVersion, Version
 
 from stackgate import proc, tomlfile
 from stackgate.boundary.matrix import StackRow
+from stackgate.boundary.probe import parse_given
 from stackgate.errors import ConfigError, InfraError
 from stackgate.versions import CudaVariant, parse_torch
 
@@ -81,24 +81,18 @@ def parse(kind: str, ref: str, output: str, exit_code: int = 0) -> Probed:
     if not lines:
         raise ConfigError(f"the {kind} stack {ref}: its interpreter did not answer the probe (exit {exit_code})",
                           hint=output.strip()[-600:] or "is it a Python 3 interpreter?")
-    data = json.loads(lines[-1].split(" ", 1)[1])
-    if "error" in data or "torch" not in data:
-        raise ConfigError(f"the {kind} stack {ref} cannot import torch: {data.get('error', 'no torch')}",
+    data = parse_given(lines[-1].split(" ", 1)[1], f"the {kind} stack {ref}")
+    if data.error is not None or data.torch is None:
+        raise ConfigError(f"the {kind} stack {ref} cannot import torch: {data.error or 'no torch'}",
                           hint="give an interpreter (or image) that has the torch to gate installed")
     try:
-        torch = parse_torch(str(data["torch"]))
-    except (InvalidVersion, ValueError) as exc:
-        raise ConfigError(f"the {kind} stack {ref} reports torch {data['torch']!r}: {exc}") from None
-    local = torch.local or ""
-    if local.startswith(("cu", "rocm", "cpu")):
-        cuda = CudaVariant.parse(local.split(".")[0])
-    elif data.get("cuda"):
-        cuda = CudaVariant.parse(str(data["cuda"]))
-    else:
-        cuda = CudaVariant.parse("cpu")
-    return Probed(kind=kind, ref=ref, python=str(data["python"]), executable=str(data["executable"]), torch=torch,
-                  cuda=cuda, cudnn=data.get("cudnn"), nccl=data.get("nccl"),
-                  packages=tuple(str(p) for p in data.get("packages", ())), venv=bool(data.get("venv")))
+        torch = parse_torch(data.torch)
+        local = torch.local or ""
+        cuda = CudaVariant.parse(local.split(".")[0] if local.startswith(("cu", "rocm", "cpu")) else data.cuda or "cpu")
+    except (InvalidVersion, ValueError, ConfigError) as exc:
+        raise ConfigError(f"the {kind} stack {ref} reports torch {data.torch!r} (CUDA {data.cuda!r}): {exc}") from None
+    return Probed(kind=kind, ref=ref, python=data.python, executable=data.executable, torch=torch, cuda=cuda,
+                  cudnn=data.cudnn, nccl=data.nccl, packages=tuple(data.packages), venv=data.venv)
 
 
 def probe_host(python: Path, run: Callable[[Sequence[str]], tuple[int, str]] | None = None) -> Probed:

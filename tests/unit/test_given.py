@@ -5,6 +5,7 @@ host backend installs beside an interpreter (only what it lacks) and where a sta
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -39,6 +40,19 @@ def test_an_interpreter_without_torch_or_that_does_not_answer_is_a_config_error(
         given.parse(given.HOST, "/usr/bin/python3", _output(error="ModuleNotFoundError: No module named 'torch'"))
     with pytest.raises(ConfigError, match="did not answer the probe"):
         given.parse(given.IMAGE, "reg/x@sha256:1", "Traceback (most recent call last):\n")
+
+
+@pytest.mark.parametrize(("line", "words"), [
+    ("stackgate-given [1, 2]\n", "what is not a probe's line"),
+    ("stackgate-given {\"torch\": 2.14, \"python\": \"3.11\"}\n", "torch: Input should be a valid string"),
+    ("stackgate-given {\"torch\": \"2.14.1\", \"cuda\": \"thirteen\"}\n", "reports torch '2.14.1' (CUDA 'thirteen')"),
+    ("stackgate-given {\"torch\": \"not-a-version\"}\n", "reports torch 'not-a-version'"),
+    ("stackgate-given " + "[" * 5000 + "\n", "what is not a probe's line"),
+])
+def test_a_probe_line_that_is_not_one_is_a_config_error(line: str, words: str) -> None:
+    """#40: the probe's JSON was read as a dict (a list, a number for torch or a nested line crashed)."""
+    with pytest.raises(ConfigError, match=re.escape(words)):
+        given.parse(given.HOST, "/x/bin/python", line)
 
 
 def test_a_declared_torch_that_disagrees_with_the_probe_names_both() -> None:

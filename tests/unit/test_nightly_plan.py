@@ -129,3 +129,18 @@ def test_an_http_index_is_listed_and_an_unreadable_one_never_blocks_a_cell(tmp_p
     cell = _cell("2.15.0.dev20261129")
     assert nightly.guard([cell], away, today=TODAY, max_age_days=3, table=TABLE, companions={}) == {}
     assert cell.id in nightly.guard([cell], nightly.Wheels(), today=TODAY, max_age_days=3, table=TABLE, companions={})
+
+
+@pytest.mark.parametrize("text", ["{", "[]", '{"bisect_id": "b", "good": "x", "bad": "y", "candidates": "xy"}',
+                                  '{"bisect_id": "b", "good": "x", "bad": "y", "candidates": [], "steps": [{"version": '
+                                  '"x", "run_id": "r", "outcome": "maybe", "exit_code": 0}]}'])
+def test_a_damaged_bisect_state_is_a_config_error_on_resume(tmp_path: Path, text: str) -> None:
+    """#40: bisect --resume read bisect.json by key (a damaged file crashed with KeyError or TypeError)."""
+    from stackgate import options
+    from stackgate.errors import ConfigError
+    home = tmp_path / "r" / "b1"
+    home.mkdir(parents=True)
+    (home / bisect.STATE).write_text(text)
+    opts = options.read({"reports": str(tmp_path / "r")}, {}, None, cwd=tmp_path)
+    with pytest.raises(ConfigError, match="is not a bisect's state"):
+        bisect.run(opts, {}, good=None, bad=None, resume="b1", say=lambda _: None)

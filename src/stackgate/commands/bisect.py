@@ -23,6 +23,7 @@ from packaging.version import Version
 
 from stackgate import fleet, matrix, nightly
 from stackgate.boundary import report as report_json
+from stackgate.boundary.probe import BisectState, read_bisect
 from stackgate.compat import CompatTable
 from stackgate.console import stdout_line
 from stackgate.errors import ConfigError, ExitCode
@@ -66,10 +67,11 @@ class Bisect:
                 "steps": [s.__dict__ for s in self.steps]}
 
     @staticmethod
-    def from_json(data: Mapping[str, Any]) -> Bisect:
-        return Bisect(data["bisect_id"], data["good"], data["bad"], list(data["candidates"]),
-                      list(data.get("without_wheels", [])), [Step(**s) for s in data.get("steps", [])],
-                      list(data.get("only", [])), list(data.get("tests", [])))
+    def of(found: BisectState) -> Bisect:
+        """bisect.json as read (`boundary.probe.BisectState`)."""
+        return Bisect(found.bisect_id, found.good, found.bad, list(found.candidates), list(found.without_wheels),
+                      [Step(s.version, s.run_id, s.outcome, s.exit_code, s.git_version) for s in found.steps],
+                      list(found.only), list(found.tests))
 
 
 def next_version(state: Bisect) -> str | None:
@@ -165,7 +167,7 @@ def run(opts: Options, env: Mapping[str, str], *, good: str | None, bad: str | N
         home = opts.reports / resume
         if not (home / STATE).is_file():
             raise ConfigError(f"--resume {resume}: no bisect in {home}", hint="give the id printed when it started")
-        state = Bisect.from_json(json.loads((home / STATE).read_text()))
+        state = Bisect.of(read_bisect(home / STATE))
         say(f"bisect {resume}: continuing after {len(state.steps)} step(s)")
     else:
         if not good or not bad:
