@@ -75,11 +75,6 @@ class Finding:
                 "fixed": self.fixed, "summary": self.summary,
                 **({"unclassified": self.unclassified} if self.unclassified else {})}
 
-    @classmethod
-    def from_json(cls, raw: dict[str, Any]) -> Finding:
-        return cls(str(raw["advisory"]), tuple(raw.get("aliases") or ()), str(raw["package"]),
-                   str(raw["ecosystem"]), str(raw["installed"]), str(raw["severity"]), raw.get("fixed"),
-                   str(raw.get("summary", "")))
 
 
 def _sort_key(ecosystem: str, version: str) -> Any:

@@ -155,16 +155,6 @@ class Pressure:
                 "throttled": _r(self.throttled), "interference": _r(self.interference),
                 **({"where": self.where} if self.where else {})}
 
-    @staticmethod
-    def from_json(data: Any) -> Pressure | None:
-        if not isinstance(data, dict):
-            return None
-        try:
-            return Pressure(float(data.get("wall_s", 0.0)), some=_f(data.get("some")), full=_f(data.get("full")),
-                            steal=_f(data.get("steal")), throttled=_f(data.get("throttled")),
-                            where=str(data.get("where", "")))
-        except (TypeError, ValueError):
-            return None
 
 
 def _r(x: float | None) -> float | None:
@@ -214,4 +204,8 @@ def busiest(parts: Sequence[Pressure]) -> Pressure | None:
 
 def of_result(environment: Environment) -> Pressure | None:
     """The pressure a result recorded (None: not measured, e.g. a result from before it was)."""
-    return Pressure.from_json(environment.pressure)
+    found = environment.pressure
+    if found is None:
+        return None
+    return Pressure(found.wall_s, some=found.some, full=found.full, steal=found.steal, throttled=found.throttled,
+                    where=found.where)

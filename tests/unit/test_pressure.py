@@ -11,6 +11,7 @@ import pytest
 
 from stackgate import comparison, pressure
 from stackgate.backends.memory import Gauge, MemoryBackend
+from stackgate.boundary.environment import Environment
 from stackgate.commands.calibrate import calibrate as calibrate_command
 from stackgate.commands.run import run as run_command
 from stackgate.errors import InfraError
@@ -50,7 +51,10 @@ def test_shares_over_a_run_and_the_interference_is_the_largest() -> None:
     assert (round(seen.some or 0, 3), seen.full, round(seen.steal or 0, 3), seen.throttled) == (0.38, 0.0, 0.125, 0.25)
     assert seen.interference == seen.some
     assert seen.describe() == "CPU pressure (PSI some) 38%, steal 12%, throttled 25%"
-    assert pressure.Pressure.from_json(seen.to_json()) == pressure.Pressure(2.0, 0.38, 0.0, 0.125, 0.25)
+    recorded = Environment.of({"pressure": seen.to_json()})  # as a result line records it, and reads it back
+    assert pressure.of_result(recorded) == pressure.Pressure(2.0, 0.38, 0.0, 0.125, 0.25)
+    with pytest.raises(ValueError, match=r"pressure\.some"):
+        Environment.of({"pressure": {**seen.to_json(), "some": "38%"}})
     blind = pressure.between(pressure.Counters(0.0, None, None, None, None, None),
                              pressure.Counters(1.0, None, None, None, None, None))
     assert blind.interference is None and blind.describe() == "not measurable here"

@@ -21,6 +21,22 @@ class LoaderCopies(OpenModel):
     competing: Annotated[list[Text], Field(max_length=1000)] = Field(default_factory=list)
 
 
+Share = Annotated[float, Field(ge=0.0, le=1e6)]
+
+
+class PressureRecord(Model):
+    """What the runner measured around an attempt (pressure.Pressure.to_json): shares of the wall time
+    the CPUs were stalled, stolen or throttled, and on which machine."""
+
+    wall_s: Annotated[float, Field(ge=0.0, le=1e9)] = 0.0
+    some: Share | None = None
+    full: Share | None = None
+    steal: Share | None = None
+    throttled: Share | None = None
+    interference: Share | None = None
+    where: Text = ""
+
+
 class EnvironmentFields(Model):
     """The typed fields: what the harness reads."""
 
@@ -46,7 +62,7 @@ class EnvironmentFields(Model):
     record_problems: Texts = Field(default_factory=list)
     refused_links: Texts = Field(default_factory=list)
     cpus: Annotated[list[Count], Field(max_length=4096)] = Field(default_factory=list)
-    pressure: Table | None = None
+    pressure: PressureRecord | None = None
     suite_requirements: Table = Field(default_factory=dict)
     loader_copies: Annotated[dict[Name, LoaderCopies], Field(max_length=1000)] = Field(default_factory=dict)
     env_reused: bool | None = None
