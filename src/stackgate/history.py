@@ -251,27 +251,15 @@ def calibration(path: Path, pool: str) -> dict[str, Calibrated]:
             for r in rows_boundary.rows(rows_boundary.CalibrationRow, rows, "calibration", None)}
 
 
-@dataclass(frozen=True)
-class Promotion:
-    """One step of `stackgate promote` (action "promote" or "rollback"): who, when, which run proved
-    the image, the tag it moved and what it pointed at before, and production.toml before and after."""
-
-    at: str
-    who: str
-    action: str
-    run_id: str
-    stack: str
-    image: str
-    tag: str
-    previous: str
-    production_toml: str
-    previous_toml: str
+# one step of `stackgate promote` (action "promote" or "rollback"): who, when, which run proved the
+# image, the tag it moved and what it pointed at before, and production.toml before and after
+Promotion = rows_boundary.PromotionRow
 
 
 def record_promotion(path: Path, steps: Sequence[Promotion]) -> None:
     with connect(path) as conn:
         conn.executemany("INSERT INTO promotions VALUES (?,?,?,?,?,?,?,?,?,?)",
-                         [tuple(vars(s).values()) for s in steps])
+                         [tuple(s.model_dump().values()) for s in steps])
 
 
 def promotions(path: Path) -> list[Promotion]:
@@ -280,5 +268,4 @@ def promotions(path: Path) -> list[Promotion]:
         return []
     with connect(path) as conn:
         rows = conn.execute("SELECT * FROM promotions ORDER BY rowid").fetchall()
-    return [Promotion(**r.model_dump()) for r in rows_boundary.rows(rows_boundary.PromotionRow, rows, "promotions",
-                                                                     None)]
+    return rows_boundary.rows(Promotion, rows, "promotions", None)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import getpass
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Protocol
 
@@ -95,12 +96,12 @@ def promote(opts: Options, env: Mapping[str, str], given: str, target: Target = 
     befores = [engine.resolve_tag(name, tag) if engine is not None else None for _, name, tag in moves]
     moved = [m for (image, name, tag), before in zip(moves, befores, strict=True)
              for m in ([f"{name}:previous"] if before and before != image else []) + [f"{name}:{tag}"]]
-    steps = [history.Promotion(when, by, "promote", run_id, ",".join(s.label for s in stacks if s.image == image),
-                               image, f"{name}:{tag}", before or "", new_production, previous_toml)
-             for (image, name, tag), before in zip(moves, befores, strict=True)]
+    step = partial(history.Promotion, at=when, who=by, action="promote", run_id=run_id, production_toml=new_production,
+                   previous_toml=previous_toml)
+    steps = [step(stack=",".join(s.label for s in stacks if s.image == image), image=image, tag=f"{name}:{tag}",
+                  previous=before or "") for (image, name, tag), before in zip(moves, befores, strict=True)]
     if not steps:
-        steps.append(history.Promotion(when, by, "promote", run_id, ",".join(s.label for s in stacks), "", "", "",
-                                       new_production, previous_toml))
+        steps.append(step(stack=",".join(s.label for s in stacks), image="", tag="", previous=""))
     log = promotion.changelog(report, stacks, run_id, when, by, moved)
     out.production_toml.write_text(new_production)
     out.patch.write_text(promotion.patch(old_production, new_production))
@@ -144,9 +145,10 @@ def rollback(opts: Options, env: Mapping[str, str], target: Target = Target(), s
         say(f"  moved {name}:{target.tag} -> {back}")
     out.root.mkdir(parents=True, exist_ok=True)
     out.production_toml.write_text(last.previous_toml)
-    history.record_promotion(opts.history, [history.Promotion(when, by, "rollback", last.run_id, last.stack, back,
-                                                              f"{name}:{target.tag}" if name else "", last.image,
-                                                              last.previous_toml, last.production_toml)])
+    history.record_promotion(opts.history, [history.Promotion(
+        at=when, who=by, action="rollback", run_id=last.run_id, stack=last.stack, image=back,
+        tag=f"{name}:{target.tag}" if name else "", previous=last.image, production_toml=last.previous_toml,
+        previous_toml=last.production_toml)])
     say(f"  wrote {out.production_toml} (the production.toml before run {last.run_id} was promoted)")
     return 0
 
