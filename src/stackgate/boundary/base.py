@@ -3,9 +3,12 @@ model says otherwise), and bounded types; and one way to say what failed, where.
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from stackgate.errors import ConfigError
 
 MAX_TEXT = 1 << 20  # one string (a test's message, a log tail: each is clipped long before this by the harness)
 MAX_NAME = 500  # a name: a metric, a tag, a test id, a cell id
@@ -54,3 +57,24 @@ def quote(raw: bytes | str, keep: int = 200) -> str:
 
 def dump(model: BaseModel) -> dict[str, Any]:
     return model.model_dump(mode="json")
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def read_bytes(path: Path, missing: str, hint: str | None = None) -> bytes:
+    """A file's bytes; `missing` (and `hint`) is the ConfigError when it is not there."""
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        raise ConfigError(missing, hint=hint) from None
+    except OSError as exc:
+        raise ConfigError(f"{path} cannot be read: {exc.strerror}") from None
+
+
+def parse_json(raw: bytes | str, model: type[M], invalid: str, hint: str | None = None) -> M:
+    """`raw` as `model`; `invalid` (with what failed, where) is the ConfigError when it is not one."""
+    try:
+        return model.model_validate_json(raw)
+    except ValidationError as exc:
+        raise ConfigError(f"{invalid} ({describe(exc)})", hint=hint) from None

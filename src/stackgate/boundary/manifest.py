@@ -8,10 +8,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import Field, JsonValue, ValidationError
+from pydantic import Field, JsonValue
 
-from stackgate.boundary.base import MAX_ITEMS, Model, Name, Text, describe
-from stackgate.errors import ConfigError
+from stackgate.boundary.base import MAX_ITEMS, Model, Name, Text, parse_json, read_bytes
 
 Strings = Annotated[dict[Name, Text], Field(max_length=1000)]
 Items = Field(max_length=MAX_ITEMS)
@@ -43,10 +42,9 @@ class Manifest(Model):
         return self.selection.get("pools", "?")
 
 
-def parse(raw: bytes, path: Path) -> Manifest:
-    try:
-        return Manifest.model_validate_json(raw)
-    except ValidationError as exc:
-        raise ConfigError(f"{path} is not a stackgate manifest ({describe(exc)})",
-                          hint="a bundle is the run directory `stackgate run` wrote (reports/<run-id>); this one "
-                               "was damaged, edited or written by another version") from None
+def read(path: Path) -> Manifest:
+    raw = read_bytes(path, f"{path} is missing: {path.parent} is not a stackgate run (bundle)",
+                     hint="a bundle is the run directory `stackgate run` wrote (reports/<run-id>)")
+    return parse_json(raw, Manifest, f"{path} is not a stackgate manifest",
+                      hint="a bundle is the run directory `stackgate run` wrote (reports/<run-id>); this one was "
+                           "damaged, edited or written by another version")

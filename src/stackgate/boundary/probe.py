@@ -7,10 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, JsonValue, ValidationError
+from pydantic import Field, JsonValue
 
-from stackgate.boundary.base import Model, Name, Text, describe
-from stackgate.errors import ConfigError
+from stackgate.boundary.base import Model, Name, Text, parse_json, read_bytes
 
 Names = Annotated[list[Name], Field(max_length=100_000)]
 
@@ -36,13 +35,8 @@ class BisectState(Model):
 
 
 def read_bisect(path: Path) -> BisectState:
-    try:
-        return BisectState.model_validate_json(path.read_bytes())
-    except OSError as exc:
-        raise ConfigError(f"{path} cannot be read: {exc.strerror}") from None
-    except ValidationError as exc:
-        raise ConfigError(f"{path} is not a bisect's state ({describe(exc)})",
-                          hint="it was damaged or edited: start the bisect again with --good and --bad") from None
+    return parse_json(read_bytes(path, f"{path}: no such file"), BisectState, f"{path} is not a bisect's state",
+                      hint="it was damaged or edited: start the bisect again with --good and --bad")
 
 
 class GivenProbe(Model):
@@ -61,8 +55,5 @@ class GivenProbe(Model):
 
 
 def parse_given(line: str, what: str) -> GivenProbe:
-    try:
-        return GivenProbe.model_validate_json(line)
-    except ValidationError as exc:
-        raise ConfigError(f"{what}: its probe answered with what is not a probe's line ({describe(exc)})",
-                          hint="is it a Python 3 interpreter, and is its stdout its own?") from None
+    return parse_json(line, GivenProbe, f"{what}: its probe answered with what is not a probe's line",
+                      hint="is it a Python 3 interpreter, and is its stdout its own?")

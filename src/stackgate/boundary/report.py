@@ -9,9 +9,9 @@ import json
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import ConfigDict, Field, ValidationError
+from pydantic import ConfigDict, Field
 
-from stackgate.boundary.base import MAX_ITEMS, Model, Name, Text, describe
+from stackgate.boundary.base import MAX_ITEMS, Model, Name, Text, parse_json, read_bytes
 from stackgate.boundary.environment import Environment
 from stackgate.errors import ConfigError
 from stackgate.rundir.layout import RunDir
@@ -90,23 +90,15 @@ class Report(_Part):
 
 def read(run_dir: Path) -> Report:
     path = RunDir(run_dir).report_json
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise ConfigError(f"{run_dir} has no report.json: it is not a finished stackgate run",
-                          hint="give the run directory (reports/<run-id>) or the run id of a finished run") from None
-    except OSError as exc:
-        raise ConfigError(f"{path} cannot be read: {exc.strerror}") from None
-    try:
-        return Report.model_validate_json(raw)
-    except ValidationError as exc:
-        newer = _schema(raw)
-        if newer is not None and newer > SCHEMA_VERSION:
-            raise ConfigError(f"{path} was written by a newer stackgate (schema_version {newer}; this one reads "
-                              f"{SCHEMA_VERSION})", hint="upgrade stackgate to promote it") from None
-        raise ConfigError(f"{path} is not a stackgate report ({describe(exc)})",
-                          hint="it was damaged or edited: re-run the gate (or --resume the run) to write it again; "
-                               "nothing was promoted") from None
+    raw = read_bytes(path, f"{run_dir} has no report.json: it is not a finished stackgate run",
+                     hint="give the run directory (reports/<run-id>) or the run id of a finished run")
+    newer = _schema(raw)
+    if newer is not None and newer > SCHEMA_VERSION:
+        raise ConfigError(f"{path} was written by a newer stackgate (schema_version {newer}; this one reads "
+                          f"{SCHEMA_VERSION})", hint="upgrade stackgate to promote it")
+    return parse_json(raw, Report, f"{path} is not a stackgate report",
+                      hint="it was damaged or edited: re-run the gate (or --resume the run) to write it again; "
+                           "nothing was promoted")
 
 
 def _schema(raw: bytes) -> int | None:

@@ -8,10 +8,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, model_validator
 
-from stackgate.boundary.base import Count, Model, Name, Text, describe
-from stackgate.errors import ConfigError
+from stackgate.boundary.base import Count, Model, Name, Text, parse_json, read_bytes
 
 SCHEMA = 1
 # what a pool runner pulls: repo@sha256:<64 hex> (a tag can move)
@@ -43,16 +42,8 @@ class StacksFile(Model):
 
 
 def read(path: Path) -> StacksFile:
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise ConfigError(f"--stacks {path}: no such file",
-                          hint="`stackgate build --push` writes it (or pass the file your build job produced)") from None
-    except OSError as exc:
-        raise ConfigError(f"--stacks {path}: cannot be read ({exc.strerror})") from None
-    try:
-        return StacksFile.model_validate_json(raw)
-    except ValidationError as exc:
-        raise ConfigError(f"--stacks {path}: not a stacks.json of schema {SCHEMA} ({describe(exc)})",
-                          hint="write it with `stackgate build --push`; a pool runner pulls each stack by digest "
-                               "(repo@sha256:<64 hex>), never by tag") from None
+    raw = read_bytes(path, f"--stacks {path}: no such file",
+                     hint="`stackgate build --push` writes it (or pass the file your build job produced)")
+    return parse_json(raw, StacksFile, f"--stacks {path}: not a stacks.json of schema {SCHEMA}",
+                      hint="write it with `stackgate build --push`; a pool runner pulls each stack by digest "
+                           "(repo@sha256:<64 hex>), never by tag")

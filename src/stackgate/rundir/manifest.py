@@ -45,13 +45,7 @@ def _write(path: Path, manifest: Manifest) -> None:
 
 
 def read(run_dir: Path) -> Manifest:
-    path = RunDir(run_dir).manifest
-    try:
-        raw = path.read_bytes()
-    except OSError:
-        raise ConfigError(f"{path} is missing or unreadable: {run_dir} is not a stackgate run (bundle)",
-                          hint="a bundle is the run directory `stackgate run` wrote (reports/<run-id>)") from None
-    return boundary.parse(raw, path)
+    return boundary.read(RunDir(run_dir).manifest)
 
 
 def stack_images(found: Mapping[str, CellResult]) -> dict[str, list[str]]:
