@@ -48,7 +48,9 @@ class HostFacts:
     errors: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        """As JSON holds it (lists, not tuples): what run.json and the reports record."""
+        return {**asdict(self), "gpus": [asdict(g) for g in self.gpus], "xid": list(self.xid),
+                "errors": list(self.errors)}
 
 
 @dataclass(frozen=True)

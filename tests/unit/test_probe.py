@@ -101,3 +101,17 @@ def test_decisions_through_the_nvml_bindings(remap: int, unc: int, status: str) 
     assert facts.source == "nvml" and facts.driver == "580.65.06" and facts.cuda_driver == "13.0"
     pool = replace(H100, gpus_per_node=2)
     assert probe.check(pool, facts, needs_cuda=("13.0",)).status == status
+
+
+def test_a_probe_result_is_recorded_in_run_json_and_read_back(tmp_path: Path) -> None:
+    """The host probe's facts (tuples of GPUs, Xid lines, errors) went into run.json as tuples, which the
+    manifest's model refuses: `run --pool` on a host that failed its probe crashed writing run.json."""
+    from stackgate.rundir import manifest
+    facts = probe.HostFacts("nvml", driver="580.65.06", gpus=(probe.Gpu(0, "H100", ecc_uncorrectable=2),),
+                            xid=("NVRM: Xid 79",), errors=("nvml: slow",))
+    found = probe.ProbeResult("p5", "host-unhealthy", ("GPU 0 fell off the bus",), facts)
+    manifest.write(tmp_path, defined={"matrix": "m"}, selected={"pools": "p5"}, cells=["c"],
+                   host_probe={found.pool: found.to_json()})
+    row = manifest.read(tmp_path).host_probe["p5"]
+    assert (row.status, row.evidence, row.facts["xid"]) == ("host-unhealthy", ["GPU 0 fell off the bus"], ["NVRM: Xid 79"])
+    assert row.facts["gpus"] == [{**vars(facts.gpus[0])}]
