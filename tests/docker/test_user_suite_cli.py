@@ -114,9 +114,14 @@ def test_concurrent_pairs_run_in_containers_each_on_its_own_cpus(engine: object,
     shutil.copy(ROOT / "benchmarks" / "sensitivity-matrix.toml", tmp_path / "same-stack.toml")
     done = _stackgate(tmp_path, "--suite", "timed", "--matrix", "same-stack.toml", "--backend", "docker",
                       "--no-platform-checks", "--no-rollback", "--run-id", "duet")
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    assert done.returncode in (0, 1), done.stdout[-4000:] + done.stderr[-2000:]
     assert "together: " in done.stdout
     report = json.loads((tmp_path / "reports" / "duet" / "report.json").read_text())
+    # the same stack on both sides is never a regression; on a busy 2-core CI machine 9 pairs of
+    # sub-millisecond steps may not be enough to say GO (INCONCLUSIVE, "noise too high"): that is the
+    # gate telling the truth, and what this test is about is where and how the pairs ran
+    assert report["decision"] in ("GO", "INCONCLUSIVE"), done.stdout[-4000:]
+    assert not [r for r in report["reasons"] if r["severity"] == "blocking"], report["reasons"]
     (gated,) = [c for c in report["comparisons"] if c["metric"].startswith("work.step_time")]
     rows = [json.loads(line) for line in (tmp_path / "reports" / "duet" / "results.jsonl").read_text().splitlines()]
     repeats = [r for r in rows if r["phase"].startswith("repeat")]
