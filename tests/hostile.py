@@ -395,7 +395,7 @@ def check_merge(bundle: tuple[bytes, bytes]) -> str:
     manifest, lines = bundle
     with tempfile.TemporaryDirectory() as tmp:
         run = RunDir(Path(tmp) / "reports" / "pool-a")
-        run.make()
+        run.root.mkdir(parents=True)
         run.manifest.write_bytes(manifest)
         run.results.write_bytes(lines)
         with mock.patch.object(plots, "line", return_value=""):  # the report's plots: 80% of the time, read nothing

@@ -17,9 +17,10 @@ from pathlib import Path
 from typing import Literal, NamedTuple, TypeVar, cast, get_args
 
 from stackgate import artifacts, shipped, tomlfile
+from stackgate.boundary.policy import Pairing
 from stackgate.boundary.project import StackgateToml
 from stackgate.errors import ConfigError
-from stackgate.policy import PAIRINGS, Pairing
+from stackgate.policy import PAIRINGS
 from stackgate.sources import DEBIAN_MIRROR
 
 T = TypeVar("T")

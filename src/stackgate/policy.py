@@ -11,24 +11,16 @@ import datetime as dt
 import fnmatch
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Literal
+from typing import get_args
 
 from stackgate import tomlfile
-from stackgate.boundary.policy import PolicyFile
+from stackgate.boundary.policy import FlakyRule, Pairing, PolicyFile, PreexistingRule, SizeRule, UnratedRule
 from stackgate.errors import ConfigError
 from stackgate.model import Reason
 
 SUITE_POLICY = "stackgate-policy.toml"
-METHODS = ("bootstrap", "threshold")
-DEVICES = ("cpu", "cuda")  # model.Cell.device
-SUMMARIES = ("median", "best")
-PreexistingRule = Literal["go", "inconclusive"]
-PREEXISTING: tuple[PreexistingRule, ...] = ("go", "inconclusive")
 MAX_PRESSURE = 0.6  # docs/performance.md "A verdict that holds on a busy runner": quiet 4%, two busy loops 43-51%
-FlakyRule = Literal["inconclusive", "go", "no-go"]
-Pairing = Literal["sequential", "concurrent"]
-PAIRINGS: tuple[Pairing, ...] = ("sequential", "concurrent")
-FLAKY: tuple[FlakyRule, ...] = ("inconclusive", "go", "no-go")
+PAIRINGS: tuple[Pairing, ...] = get_args(Pairing)
 
 
 @dataclass(frozen=True)
@@ -97,10 +89,10 @@ class SupplyRules:
     database: Path | None = None  # an OSV database on disk (`--vuln-db` overrides)
     threshold: str = "HIGH"  # a finding at or above it, with a fixed version, new in the candidate: NO-GO
     inherited: FlakyRule = "go"  # such a finding in production too: listed ("go"), "inconclusive" or "no-go"
-    unrated: Literal["list", "block"] = "list"  # a finding no record rates: listed, or counted as at the threshold
+    unrated: UnratedRule = "list"  # a finding no record rates: listed, or counted as at the threshold
     max_growth: float = 0.10  # the candidate's image (or environment) may grow this share over production's...
     max_growth_bytes: int = 500_000_000  # ... and at most this many bytes
-    size_over: Literal["no-go", "inconclusive"] = "no-go"
+    size_over: SizeRule = "no-go"
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,14 @@ from pydantic import BeforeValidator, Field
 from stackgate.boundary.base import Model, Name, Text
 from stackgate.tomlfile import to_date, to_list
 
+# the choices a policy offers, spelled once: the file's model and the Policy the gate reads share them
+PreexistingRule = Literal["go", "inconclusive"]
+FlakyRule = Literal["inconclusive", "go", "no-go"]
+Pairing = Literal["sequential", "concurrent"]
+Device = Literal["cpu", "cuda"]  # model.Cell.device
+UnratedRule = Literal["list", "block"]
+SizeRule = Literal["no-go", "inconclusive"]
+
 Globs = Annotated[list[Text], BeforeValidator(to_list), Field(max_length=10_000)]
 Date = Annotated[dt.date, BeforeValidator(to_date)]
 Share = Annotated[float, Field(ge=0.0)]
@@ -21,9 +29,9 @@ Tag = Annotated[Name, BeforeValidator(lambda v: str(v) if isinstance(v, int) and
 
 class Gate(Model):
     inconclusive_exit_code: Annotated[int, Field(ge=0, le=1)] = 1
-    preexisting_failures: Literal["go", "inconclusive"] = "go"
+    preexisting_failures: PreexistingRule = "go"
     confirm_failures: Annotated[int, Field(ge=0, le=10)] = 2
-    flaky_failures: Literal["inconclusive", "go", "no-go"] = "inconclusive"
+    flaky_failures: FlakyRule = "inconclusive"
 
 
 class Required(Model):
@@ -39,7 +47,7 @@ class MetricRow(Model):
 
     name: Name
     tolerance: Share
-    devices: Annotated[list[Literal["cpu", "cuda"]], BeforeValidator(to_list)] = Field(default_factory=list)
+    devices: Annotated[list[Device], BeforeValidator(to_list)] = Field(default_factory=list)
     tags: Annotated[dict[Name, Tag], Field(max_length=100)] = Field(default_factory=dict)
     method: Literal["bootstrap", "threshold"] = "bootstrap"
     summary: Literal["median", "best"] = "median"
@@ -53,7 +61,7 @@ class Performance(Model):
     confirm_repeats: Annotated[int, Field(ge=1, le=100)] = 5
     max_pressure: Annotated[float, Field(ge=0.0, le=1.0)] | None = None  # None: policy.MAX_PRESSURE
     pressure_reruns: Annotated[int, Field(ge=0, le=20)] = 3
-    pairing: Literal["sequential", "concurrent"] = "sequential"
+    pairing: Pairing = "sequential"
     metric: Annotated[list[MetricRow], Field(max_length=10_000)] = Field(default_factory=list)
 
 
@@ -94,15 +102,15 @@ class AllowRow(Model):
 class Vulnerabilities(Model):
     database: Text = ""
     threshold: Literal["LOW", "MODERATE", "HIGH", "CRITICAL"] = "HIGH"
-    inherited: Literal["inconclusive", "go", "no-go"] = "go"
-    unrated: Literal["list", "block"] = "list"
+    inherited: FlakyRule = "go"
+    unrated: UnratedRule = "list"
     allow: Annotated[list[AllowRow], Field(max_length=10_000)] = Field(default_factory=list)
 
 
 class Size(Model):
     max_growth: Annotated[float, Field(ge=0.0, le=1000.0)] = 0.10
     max_growth_mb: Annotated[float, Field(ge=0.0, le=1e9)] = 500.0
-    over: Literal["no-go", "inconclusive"] = "no-go"
+    over: SizeRule = "no-go"
 
 
 class PolicyFile(Model):

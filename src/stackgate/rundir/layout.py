@@ -51,10 +51,6 @@ class RunDir:
         return cls(reports / run_id)
 
     @property
-    def run_id(self) -> str:
-        return self.root.name
-
-    @property
     def owner(self) -> Path:
         return self.root / OWNER
 
@@ -113,14 +109,25 @@ class RunDir:
         """A run's directory: it has results, or a manifest (written before any cell runs)."""
         return self.results.exists() or self.manifest.exists()
 
-    def make(self) -> None:
+    def claim(self) -> Claim:
+        """The directory, made and locked for this process (exit 2 naming the owner if it is taken)."""
         try:
             self.root.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.owner, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as exc:
             raise InfraError(f"cannot create {self.root}: {exc.strerror}") from None
-
-    def claim(self) -> Claim:
-        return claim(self.root)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            owner = os.pread(fd, 400, 0).decode("utf-8", "replace").strip() or "another process"
+            os.close(fd)
+            raise ConfigError(f"run directory {self.root} belongs to a live run: {owner}",
+                              hint="pass another --run-id (or none: generated ids are unique), or wait for that run "
+                                   "to end before you --resume it") from None
+        stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()} since {stamp}\n".encode(), 0)
+        return Claim(self.owner, fd)
 
 
 @dataclass(frozen=True)
@@ -199,23 +206,3 @@ def runs_with_results(reports: Path) -> list[str]:
     if not reports.is_dir():
         return []
     return sorted(p.name for p in reports.iterdir() if RunDir(p).results.exists())
-
-
-def claim(run_dir: Path) -> Claim:
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(RunDir(run_dir).owner, os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError as exc:
-        raise InfraError(f"cannot create {run_dir}: {exc.strerror}") from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        owner = os.pread(fd, 400, 0).decode("utf-8", "replace").strip() or "another process"
-        os.close(fd)
-        raise ConfigError(f"run directory {run_dir} belongs to a live run: {owner}",
-                          hint="pass another --run-id (or none: generated ids are unique), or wait for that run "
-                               "to end before you --resume it") from None
-    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()} since {stamp}\n".encode(), 0)
-    return Claim(RunDir(run_dir).owner, fd)
