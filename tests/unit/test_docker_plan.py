@@ -13,7 +13,7 @@ from stackgate import compat, given, suite
 from stackgate.backends.docker import DockerBackend, images
 from stackgate.backends.docker.engine import ContainerExit, ContainerSpec, ImageFacts, container_kwargs
 from stackgate.errors import InfraError
-from stackgate.model import Cell, GpuClass, Role, RunnerPool, Stack, Status, Topology, WheelSource
+from stackgate.model import PLAIN, Cell, GpuClass, Role, RunnerPool, Stack, Status, Topology, WheelSource
 from stackgate.runner import run_cell
 from stackgate.sources import PipConfig
 from stackgate.suite import RunContext
@@ -147,6 +147,22 @@ def test_multi_node_cell_gets_a_network_and_one_container_per_node(backend: tupl
     assert result.status is Status.PASSED
 
 
+def test_the_fidelity_rerun_of_a_two_node_cell_is_one_plain_container(backend: tuple[DockerBackend, FakeEngine],
+                                                                       tmp_path: Path) -> None:
+    """Phase "plain": node 0 only, the pytest command itself (no node init), no stackgate variable, no
+    network of stackgate's, only the selected tests."""
+    be, engine = backend
+    handle = be.prepare(STACK, tmp_path / "b.log")
+    pool = RunnerPool("local", None, GpuClass.NONE, nodes=2, is_local=True)
+    cell = Cell(STACK, pool, Topology(2, 2), Role.PRODUCTION)
+    spec = suite.SuiteSpec(path=tmp_path, env=(("NCCL_DEBUG", "INFO"),))
+    run_cell(be, cell, handle, RunContext("r1", tmp_path / "run", spec, phase=PLAIN, select=("test_t.py::test_ok",)))
+    [(specs, network)] = engine.groups
+    [only] = specs
+    assert network is None and only.plain and only.command[:3] == ("python", "-m", "pytest")
+    assert only.command[3] == "/sg/suite/test_t.py::test_ok" and only.env == {"NCCL_DEBUG": "INFO"}
+
+
 def test_a_killed_container_is_a_crashed_cell(backend: tuple[DockerBackend, FakeEngine], tmp_path: Path) -> None:
     be, engine = backend
     engine.exit_codes = (1, 137)
@@ -157,15 +173,40 @@ def test_a_killed_container_is_a_crashed_cell(backend: tuple[DockerBackend, Fake
     assert result.status is Status.CRASHED and "killed" in result.reason
 
 
-def test_gpu_flags_only_for_gpu_cells() -> None:
-    spec = ContainerSpec("n", "img", ("true",), {}, (("/h", "/c", "rw"),), "node0", gpu=False)
+def test_gpu_flags_only_for_gpu_cells_and_what_training_needs_for_all() -> None:
+    spec = ContainerSpec("n", "img", ("true",), {}, (("/h", "/c", "rw"),), "node0", gpu=False, user="0:0")
     cpu = container_kwargs(spec, None)
-    assert "device_requests" not in cpu and "ulimits" not in cpu and "shm_size" not in cpu
-    assert cpu["cap_drop"] == ["ALL"] and cpu["read_only"] and "network" not in cpu
-    assert "privileged" not in cpu
+    assert "device_requests" not in cpu and "ulimits" not in cpu and "network" not in cpu
+    assert cpu["cap_drop"] == ["ALL"] and cpu["security_opt"] == ["no-new-privileges:true"]
+    assert "privileged" not in cpu and "ipc_mode" not in cpu and "read_only" not in cpu
+    # DataLoader workers and torch.multiprocessing hand tensors over through /dev/shm: CPU cells too
+    assert cpu["shm_size"] == "16g"
+    assert cpu["environment"] == {} and set(cpu["tmpfs"]) == {"/tmp"}  # root: the image's own home
     gpu = container_kwargs(ContainerSpec("n", "img", ("true",), {}, (), "node0", gpu=True), "net")
     assert gpu["device_requests"][0]["Count"] == -1 and gpu["shm_size"] == "16g"
     assert {u["Name"] for u in gpu["ulimits"]} == {"memlock", "stack"} and gpu["network"] == "net"
+
+
+def test_a_user_the_image_does_not_know_gets_a_name_and_a_writable_home() -> None:
+    spec = ContainerSpec("n", "img", ("true",), {"HOME": "/mine"}, (), "node0", user="1000:1000")
+    kwargs = container_kwargs(spec, None)
+    env = kwargs["environment"]
+    assert env["USER"] == env["LOGNAME"] and env["USER"]  # getpass.getuser() answers without a passwd entry
+    assert kwargs["tmpfs"]["/sg/home"].endswith("mode=1777")
+    assert env["HOME"] == "/mine"  # a HOME the suite was given explicitly wins
+    default = container_kwargs(ContainerSpec("n", "img", ("true",), {}, (), "node0", user="1000:1000"), None)
+    assert default["environment"]["HOME"] == "/sg/home"
+
+
+def test_the_fidelity_rerun_is_a_plain_docker_run() -> None:
+    """#41: production's failing tests once more as `docker run --rm --ipc=host IMAGE ...` would run them:
+    none of the restrictions, the init or the network a cell gets."""
+    spec = ContainerSpec("n", "img", ("python", "-m", "pytest"), {}, (("/h", "/c", "ro"),), "node0", user="0:0",
+                         workdir="/c", plain=True)
+    kwargs = container_kwargs(spec, None)
+    assert kwargs["ipc_mode"] == "host" and kwargs["command"] == ["python", "-m", "pytest"]
+    assert not {"cap_drop", "security_opt", "pids_limit", "tmpfs", "network", "shm_size", "hostname"} & set(kwargs)
+    assert kwargs["volumes"] == {"/h": {"bind": "/c", "mode": "ro"}} and kwargs["working_dir"] == "/c"
 
 
 def test_render_key_labels_and_download_args() -> None:

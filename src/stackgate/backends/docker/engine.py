@@ -1,14 +1,19 @@
 """The one boundary for Docker: every docker SDK call lives here, behind the small `Engine` protocol.
 
-Containers and networks made by `run_group` are always removed, whatever happens. GPU flags
-(device_requests, shm size, memlock/stack ulimits) are added here for GPU cells only; every
-container gets no capabilities, no new privileges, a read-only root and an internal network.
+Containers and networks made by `run_group` are always removed, whatever happens. Every container
+gets no capabilities, no new privileges and an internal network, and what training needs on any
+machine: a /dev/shm of `SHM_SIZE` (DataLoader workers and torch.multiprocessing hand tensors over
+through it; Docker's default of 64 MB hangs or kills them), a writable root (the container's own
+layer, removed with it: trainers write caches under HOME, ~/.triton, ~/.cache/torch) and, for a user
+that the image does not know, a name and a writable home. GPU cells add device requests and
+memlock/stack ulimits. README "Backends" says what a container gets and why.
 """
 
 from __future__ import annotations
 
 import contextlib
 import io
+import os
 import tarfile
 import threading
 import time
@@ -18,6 +23,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from stackgate import proc
+from stackgate.backends.docker import layout as inside
 from stackgate.console import Printer
 from stackgate.errors import InfraError
 
@@ -34,6 +40,7 @@ class ContainerSpec:
     user: str | None = None
     workdir: str | None = None
     cpus: tuple[int, ...] = ()  # the host CPUs it may run on (a concurrent pair's share); () = any
+    plain: bool = False  # the fidelity rerun: a plain `docker run --ipc=host` (no restriction, engine's network)
 
 
 @dataclass(frozen=True)
@@ -319,15 +326,35 @@ def _registry_hint(name: str) -> str:
             f"`docker login {host}` (stackgate never takes a password itself)")
 
 
+SHM_SIZE = "16g"  # a limit, not a reservation: tmpfs pages are taken as they are written
+
+
 def container_kwargs(spec: ContainerSpec, network: str | None) -> dict[str, Any]:
-    """docker SDK `containers.run` arguments: least privilege for all, GPU flags for GPU cells only."""
+    """docker SDK `containers.run` arguments: no capability, no new privilege and what training
+    needs (shared memory, a writable root and home); GPU flags for GPU cells only."""
     from docker.types import DeviceRequest, Ulimit
+    if spec.plain:  # as a user types `docker run --rm --ipc=host IMAGE ...`: nothing of stackgate's
+        plain: dict[str, Any] = {"name": spec.name, "environment": dict(spec.env), "command": list(spec.command),
+                                 "detach": True, "ipc_mode": "host", "user": spec.user,
+                                 "volumes": {h: {"bind": c, "mode": m} for h, c, m in spec.mounts}}
+        if spec.workdir:
+            plain["working_dir"] = spec.workdir
+        if spec.gpu:
+            plain["device_requests"] = [DeviceRequest(count=-1, capabilities=[["gpu"]])]
+        return plain
+    env = dict(spec.env)
+    tmpfs = {"/tmp": "rw,exec,size=8g"}
+    if spec.user is not None and spec.user.split(":", 1)[0] != "0":
+        # a host uid the image has no passwd entry for: getpass.getuser() and a home to write must
+        # still work, as they do for the same user on this machine
+        tmpfs[str(inside.HOME)] = "rw,exec,size=8g,mode=1777"
+        env = {"HOME": str(inside.HOME), "USER": _user_name(), "LOGNAME": _user_name()} | env
     kwargs: dict[str, Any] = {
-        "name": spec.name, "hostname": spec.hostname, "environment": spec.env,
+        "name": spec.name, "hostname": spec.hostname, "environment": env,
         "command": list(spec.command), "detach": True,
         "volumes": {h: {"bind": c, "mode": m} for h, c, m in spec.mounts},
-        "cap_drop": ["ALL"], "security_opt": ["no-new-privileges:true"], "read_only": True,
-        "tmpfs": {"/tmp": "rw,exec,size=8g"}, "pids_limit": 4096, "user": spec.user,
+        "cap_drop": ["ALL"], "security_opt": ["no-new-privileges:true"], "shm_size": SHM_SIZE,
+        "tmpfs": tmpfs, "pids_limit": 4096, "user": spec.user,
     }
     if spec.workdir:
         kwargs["working_dir"] = spec.workdir
@@ -336,14 +363,22 @@ def container_kwargs(spec: ContainerSpec, network: str | None) -> dict[str, Any]
     if network:
         kwargs["network"] = network
     if spec.gpu:
-        # NCCL needs a large /dev/shm and unlimited locked memory (GPUDirect RDMA registration);
-        # IPC stays private: ranks of one cell share a container, so no host IPC namespace is needed.
+        # NCCL needs unlimited locked memory (GPUDirect RDMA registration); IPC stays private: ranks of
+        # one cell share a container, so no host IPC namespace is needed.
         kwargs.update(
             device_requests=[DeviceRequest(count=-1, capabilities=[["gpu"]])],
-            shm_size="16g",
             ulimits=[Ulimit(name="memlock", soft=-1, hard=-1), Ulimit(name="stack", soft=67108864, hard=67108864)],
         )
     return kwargs
+
+
+def _user_name() -> str:
+    """This host's name for the user that runs the containers (as USER says on this machine)."""
+    import pwd
+    try:
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
+        return f"uid{os.getuid()}"
 
 
 def _wait_all(containers: Sequence[Any], timeout_s: float) -> bool:

@@ -16,3 +16,4 @@ SHARED = PurePosixPath("/sg/shared")
 SUITE = PurePosixPath("/sg/suite")  # the suite a cell runs, read-only (never part of an image)
 PREFIX = PurePosixPath("/sg/prefix")  # a given image: what the suite needs and the image lacks, read-only
 BUNDLED_SUITE = PurePosixPath("/sg/bundled")  # the bundled suite beside a user's, for its platform checks
+HOME = PurePosixPath("/sg/home")  # the home of a user the image has no entry for (a tmpfs of its own)
