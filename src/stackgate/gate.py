@@ -16,6 +16,7 @@ from stackgate.comparison import compare_pair, repeat_pairs
 from stackgate.confirm import confirmation, is_failure, reruns
 from stackgate.evidence import Evidence, GateOutcome, MetricComparison, ParityCheck, Preexisting
 from stackgate.model import (
+    PLAIN,
     ROLLBACK,
     Cell,
     CellResult,
@@ -63,8 +64,9 @@ def decide(cells: Sequence[Cell], not_here: Sequence[NotHere], results: Mapping[
             continue
         baseline = results.get(cell.baseline) if cell.role is Role.CANDIDATE and _ran_pair(cell, results) else None
         again = (reruns(cell, results), reruns(by_id[cell.baseline], results)) if baseline is not None else None
+        plain = results.get(by_id[cell.baseline].result_id(PLAIN)) if baseline is not None else None
         found, known = _cell_reasons(cell, result, is_required, policy, baseline=baseline,
-                                     compared=cell.id in compared, again=again)
+                                     compared=cell.id in compared, again=again, plain=plain)
         reasons += found
         preexisting += known
 
@@ -138,6 +140,11 @@ def _first_line(text: str) -> str:
     return lines[0][:300] if lines else ""
 
 
+def _passes_plain(name: str, plain: CellResult | None) -> bool:
+    """The test passed in production's fidelity rerun (plain pytest, outside the harness)."""
+    return plain is not None and any(t.name == name and t.outcome == "passed" for t in plain.tests)
+
+
 def _rollback_reasons(cell: Cell, rollback: CellResult | None, production: CellResult | None,
                       policy: Policy) -> tuple[list[Reason], list[Preexisting]]:
     """Production reading what this candidate wrote; the reasons name the candidate. A test that
@@ -190,13 +197,15 @@ def _new_failure(cell: Cell, t: TestOutcome, bad: Severity, is_required: bool, p
 
 def _cell_reasons(cell: Cell, result: CellResult, is_required: bool, policy: Policy, *,
                   baseline: CellResult | None = None, compared: bool = False,
-                  again: tuple[Sequence[CellResult], Sequence[CellResult]] | None = None
-                  ) -> tuple[list[Reason], list[Preexisting]]:
+                  again: tuple[Sequence[CellResult], Sequence[CellResult]] | None = None,
+                  plain: CellResult | None = None) -> tuple[list[Reason], list[Preexisting]]:
     """A cell's own reasons, and the failures it shares with its production baseline (`baseline`: the
     partner's result, given when both ran their suites). A regression is a new failure, confirmed by
     its reruns (`again`: the candidate's and production's); a test that fails in both stacks is
     pre-existing: never blocking, and INCONCLUSIVE or not by the policy (a required test failing in
-    production is a broken baseline: INCONCLUSIVE, as ever)."""
+    production is a broken baseline: INCONCLUSIVE, as ever). `plain`: the baseline's fidelity rerun
+    (production's failing tests as plain pytest): a failure in both stacks that passes there was made by
+    the harness, and is never pre-existing."""
     out: list[Reason] = []
     known: list[Preexisting] = []
     is_prod = cell.role is Role.PRODUCTION
@@ -231,6 +240,15 @@ def _cell_reasons(cell: Cell, result: CellResult, is_required: bool, policy: Pol
         must_pass = _matches(t.name, wanted)
         if is_prod and compared and not must_pass:
             continue  # judged beside each candidate: pre-existing there, or fixed by the upgrade
+        if earlier is not None and is_failure(earlier.outcome) and _passes_plain(t.name, plain):
+            severity = Severity.INCONCLUSIVE if must_pass or policy.harness_failures == "inconclusive" else Severity.INFO
+            out.append(Reason(severity if is_required else Severity.INFO,
+                              f"harness failure (fails under stackgate in both stacks, passes as plain pytest in "
+                              f"production's environment: not pre-existing, and the stack is not measured by it): "
+                              f"candidate {t.outcome}: {_first_line(t.message)}; production {earlier.outcome}: "
+                              f"{_first_line(earlier.message)}; plain pytest in production: passed",
+                              cell=cell.id, test=t.name, kind="harness-failure"))
+            continue
         if earlier is not None and is_failure(earlier.outcome):
             known.append(Preexisting(cell.id, cell.baseline, t.name, f"{t.outcome}: {_first_line(t.message)}",
                                      f"{earlier.outcome}: {_first_line(earlier.message)}"))

@@ -216,12 +216,13 @@ class PhaseKind(str, enum.Enum):
     REPEAT = "repeat"  # round r of the interleaved repeats (and confirmation) of the performance-gated tests
     AA = "aa"  # round r of a calibration's A/A runs of the production stack
     RERUN = "rerun"  # round r of the confirmation of a test that failed in the candidate (both stacks)
+    PLAIN = "plain"  # production's failing tests once more as plain pytest, outside the harness's machinery
 
 
 @dataclass(frozen=True)
 class Phase:
     """Which run of a cell a result is. Stored and shown as text ("main", "rollback", "repeat3",
-    "aa2", "rerun1": results.jsonl, STACKGATE_PHASE); only this class writes or reads that text."""
+    "aa2", "rerun1", "plain": results.jsonl, STACKGATE_PHASE); only this class writes or reads that text."""
 
     kind: PhaseKind = PhaseKind.MAIN
     round: int = 0  # repeats and A/A runs: 0, 1, ...
@@ -231,9 +232,9 @@ class Phase:
 
     @classmethod
     def parse(cls, text: str) -> Phase:
-        found = re.fullmatch(r"(main|rollback)|(repeat|aa|rerun)([0-9]{1,9})", text)
+        found = re.fullmatch(r"(main|rollback|plain)|(repeat|aa|rerun)([0-9]{1,9})", text)
         if found is None:
-            raise ValueError(f"not a phase: {text[:40]!r} (main, rollback, repeat<N>, aa<N> or rerun<N>)")
+            raise ValueError(f"not a phase: {text[:40]!r} (main, rollback, plain, repeat<N>, aa<N> or rerun<N>)")
         if found.group(1):
             return cls(PhaseKind(found.group(1)))
         if int(found.group(3)) > MAX_ROUND:
@@ -248,6 +249,7 @@ MAX_ROUND = 1000
 ROUNDS = (PhaseKind.REPEAT, PhaseKind.AA, PhaseKind.RERUN)  # the kinds that have rounds
 MAIN = Phase()
 ROLLBACK = Phase(PhaseKind.ROLLBACK)
+PLAIN = Phase(PhaseKind.PLAIN)
 repeat: Callable[[int], Phase] = functools.partial(Phase, PhaseKind.REPEAT)
 aa: Callable[[int], Phase] = functools.partial(Phase, PhaseKind.AA)
 rerun: Callable[[int], Phase] = functools.partial(Phase, PhaseKind.RERUN)

@@ -14,7 +14,15 @@ from pathlib import Path
 from typing import get_args
 
 from stackgate import tomlfile
-from stackgate.boundary.policy import FlakyRule, Pairing, PolicyFile, PreexistingRule, SizeRule, UnratedRule
+from stackgate.boundary.policy import (
+    FlakyRule,
+    HarnessRule,
+    Pairing,
+    PolicyFile,
+    PreexistingRule,
+    SizeRule,
+    UnratedRule,
+)
 from stackgate.errors import ConfigError
 from stackgate.model import Reason
 
@@ -102,6 +110,10 @@ class Policy:
     # a test that fails in the candidate and in production is not caused by the upgrade: listed, and it
     # leaves the verdict GO ("go", a user suite's default) or makes it INCONCLUSIVE ("inconclusive")
     preexisting_failures: PreexistingRule = "go"
+    # a failure in both stacks that passes when production runs it as plain pytest, outside the harness
+    # (the fidelity rerun of a user's suite), was made by the harness: INCONCLUSIVE (default), or "go"
+    # (listed, not held against the run); never pre-existing
+    harness_failures: HarnessRule = "inconclusive"
     # a test that passed in production and failed in the candidate runs again this many times in both
     # stacks, interleaved, before it counts: failing every time in the candidate only is a regression
     confirm_failures: int = 2
@@ -191,6 +203,7 @@ def load_policy(path: Path) -> Policy:
         path=path,
         inconclusive_exit_code=f.gate.inconclusive_exit_code,
         preexisting_failures=f.gate.preexisting_failures,
+        harness_failures=f.gate.harness_failures,
         confirm_failures=f.gate.confirm_failures,
         flaky_failures=f.gate.flaky_failures,
         required_cells=tuple(req.cells),

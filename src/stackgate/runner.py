@@ -84,7 +84,7 @@ def run_cell(backend: Backend, cell: Cell, handle: EnvHandle, ctx: RunContext,
     workdir, shared = cell_dir.root, cell_dir.shared
     tag = hashlib.sha1(f"{ctx.run_id}/{ctx.result_id(cell)}/{secrets.token_hex(4)}".encode()).hexdigest()[:10]
     exe = Execution(cell, workdir, ctx.artifacts_of(cell), shared, ctx.suite.path.resolve(), tag, ctx.on_line,
-                    ctx.cpus)
+                    ctx.cpus, plain=ctx.phase.kind is PhaseKind.PLAIN)
     # this attempt's JUnit and records go where only it writes: a process of a killed attempt that is
     # still alive writes into a directory that is gone or never read, not into this attempt's evidence
     evidence = cell_dir.attempt(tag)

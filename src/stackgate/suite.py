@@ -22,7 +22,7 @@ from stackgate.boundary import records as records_boundary
 from stackgate.installer import is_disk_full  # the installers' rule serves the nodes' output too
 from stackgate.junit import missing_nodes, read_junit
 from stackgate.masking import Masker
-from stackgate.model import MAIN, ROLLBACK, Cell, CellResult, Phase, Status, TestOutcome
+from stackgate.model import MAIN, ROLLBACK, Cell, CellResult, Phase, PhaseKind, Status, TestOutcome
 from stackgate.pressure import Pressure
 from stackgate.rundir.layout import JUNIT_GLOB, RECORDS_GLOB, CellDir, RunDir, junit_name, records_file
 from stackgate.shipped import BUNDLED_SUITE
@@ -234,6 +234,13 @@ class NodeExit:
 def node_commands(cell: Cell, ctx: RunContext, layout: Layout) -> list[tuple[NodeCommand, ...]]:
     """The plan of one cell: for each pytest invocation, in order, the command of every node (the
     nodes of one invocation run at the same time and meet at `layout.endpoint`)."""
+    if ctx.phase.kind is PhaseKind.PLAIN:
+        # the fidelity rerun: the selected tests of the suite, on one node, with the suite's own variables
+        # (--suite-env) and none of stackgate's
+        runs = [inv for inv in invocations(ctx.suite, MAIN, path=layout.suite, bundled=layout.bundled,
+                                           select=ctx.select) if inv.label == "suite"]
+        return [(NodeCommand(0, inv.label, tuple(pytest_argv(layout.python, inv, layout.out / junit_name(0, inv.label))),
+                             dict(ctx.suite.env), inv.cwd),) for inv in runs]
     nodes = cell.topology.nodes
     groups = []
     for inv in invocations(ctx.suite, ctx.phase, path=layout.suite, bundled=layout.bundled, select=ctx.select):

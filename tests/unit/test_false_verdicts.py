@@ -19,8 +19,13 @@ from stackgate.suite import NodeCommand, NodeExit
 from .conftest import RunMemory, memory_options, on_memory
 
 
-def _failing(in_production: bool, in_candidate: bool):  # type: ignore[no-untyped-def]
+def _failing(in_production: bool, in_candidate: bool, *, plain: str = "failed"):  # type: ignore[no-untyped-def]
+    """`plain`: how test_needs_xdist ends when production runs it as plain pytest (the fidelity rerun,
+    which carries no STACKGATE_* variable)."""
     def script(command: NodeCommand, exe: Execution) -> NodeExit:
+        if "STACKGATE_PHASE" not in command.env:
+            assert exe.plain and command.node == 0
+            return answer(command, {"test_model.py::test_needs_xdist": plain})
         if command.env["STACKGATE_PHASE"] == "rollback":  # pytest -m crossversion: nothing collected
             return answer(command, {}, returncode=5)
         prod = command.env["STACKGATE_ROLE"] == "production"
@@ -39,6 +44,24 @@ def test_a_test_failing_in_both_stacks_is_go_and_listed(no_subprocesses: MemoryB
     assert any("pre-existing failures (1" in line for line in said)
     md = (Path(report["run"]["options"]["reports"]["value"]) / "mem" / "report.md").read_text()
     assert "## Pre-existing failures" in md and "test\\_needs\\_xdist" in md
+
+
+def test_a_failure_in_both_stacks_that_passes_as_plain_pytest_is_a_harness_failure(
+        no_subprocesses: MemoryBackend, run_memory: RunMemory) -> None:
+    """#41: production's failing test runs once more as plain pytest (no STACKGATE_* variable, no
+    node init, one node, only that test); passing there, it is the harness's failure, not pre-existing."""
+    no_subprocesses.script = _failing(in_production=True, in_candidate=True, plain="passed")
+    code, report, said = run_memory()
+    assert (code, report["decision"]) == (1, "INCONCLUSIVE"), report["reasons"]
+    assert report["preexisting_failures"] == []
+    [harness] = [r for r in report["reasons"] if r["kind"] == "harness-failure"]
+    assert harness["test"] == "test_model.py::test_needs_xdist" and "plain pytest in production: passed" in harness["message"]
+    plain = [c for c in no_subprocesses.executed if "STACKGATE_PHASE" not in c.env]
+    [command] = plain  # once, for production only, on one node
+    assert not any(k.startswith("STACKGATE_") for k in command.env)
+    assert command.argv[3].endswith("test_model.py::test_needs_xdist") and "test_ok" not in " ".join(command.argv)
+    assert any(line.startswith("fidelity: 1 test(s) that failed in production") for line in said)
+    assert any("harness failures, not pre-existing: test_model.py::test_needs_xdist" in line for line in said)
 
 
 def test_a_test_failing_only_in_the_candidate_is_no_go(no_subprocesses: MemoryBackend, run_memory: RunMemory) -> None:

@@ -99,6 +99,7 @@ class _Named:
     def __init__(self, name: str) -> None:
         self.name = name
         self.prepared: list[Stack] = []
+        self.runs_plain = True
 
     def prepare(self, stack: Stack, log_path: Path) -> str:
         self.prepared.append(stack)

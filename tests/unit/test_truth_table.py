@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from stackgate import fleet, gate, osv, selftest, shipped, supply
-from stackgate.model import ROLLBACK, Cell, CellResult, Decision, NotHere, Severity, Status, TestOutcome, rerun
+from stackgate.model import PLAIN, ROLLBACK, Cell, CellResult, Decision, NotHere, Severity, Status, TestOutcome, rerun
 from stackgate.policy import Policy, Waiver, load_policy
 
 POLICY = load_policy(shipped.MATRIX_DIR / "policy.toml")
@@ -187,6 +187,33 @@ def r_preexisting_failure_policy_inconclusive(s: Situation) -> None:
     s.policy = replace(USER_SUITE, preexisting_failures="inconclusive")
     s.edit(s.prod, _fail(COMPILE, "AssertionError: known"))
     s.edit(s.cand, _fail(COMPILE, "AssertionError: known"))
+
+
+def _plain(s: Situation, outcome: str) -> None:
+    """Production's fidelity rerun of COMPILE: plain pytest in its environment, outside the harness."""
+    rid = s.prod.result_id(PLAIN)
+    s.results[rid] = CellResult(rid, s.prod.role, Status.PASSED if outcome == "passed" else Status.FAILED,
+                                tests=(TestOutcome(COMPILE, outcome, message="" if outcome == "passed" else "boom"),),
+                                phase=PLAIN)
+
+
+def r_harness_only_failure(s: Situation) -> None:
+    """#41: a test failing in both stacks under stackgate that passes as plain pytest in production's
+    environment (it fails only when a stackgate variable is present) is the harness's failure: not
+    pre-existing, and INCONCLUSIVE, not GO."""
+    r_preexisting_failure_user_suite(s)
+    _plain(s, "passed")
+
+
+def r_harness_only_failure_policy_go(s: Situation) -> None:
+    r_harness_only_failure(s)
+    s.policy = replace(s.policy, harness_failures="go")
+
+
+def r_preexisting_failure_confirmed_by_plain_pytest(s: Situation) -> None:
+    """It fails as plain pytest too: pre-existing, as before (user suite: GO)."""
+    r_preexisting_failure_user_suite(s)
+    _plain(s, "failed")
 
 
 def r_preexisting_failure_bundled_suite(s: Situation) -> None:
@@ -588,6 +615,9 @@ ROWS: list[tuple[Callable[[Situation], None], Decision, str]] = [
     (r_preexisting_failure_user_suite, Decision.GO, ""),
     (r_preexisting_error_and_failure_user_suite, Decision.GO, ""),
     (r_preexisting_failure_policy_inconclusive, Decision.INCONCLUSIVE, "preexisting-failure"),
+    (r_harness_only_failure, Decision.INCONCLUSIVE, "harness-failure"),
+    (r_harness_only_failure_policy_go, Decision.GO, ""),
+    (r_preexisting_failure_confirmed_by_plain_pytest, Decision.GO, ""),
     (r_preexisting_failure_bundled_suite, Decision.INCONCLUSIVE, "preexisting-failure"),
     (r_required_test_fails_in_both, Decision.INCONCLUSIVE, "failed-test"),
     (r_new_failure_user_suite, Decision.NO_GO, "failed-test"),
@@ -693,6 +723,21 @@ def test_a_preexisting_failure_is_listed_with_both_messages() -> None:
     assert known.candidate == "failed: AssertionError"
     assert known.production == "error: fixture 'worker_id' not found"
     assert [r.kind for r in out.verdict.reasons if r.test == COMPILE] == ["preexisting-failure"]
+
+
+def test_a_harness_failure_is_named_with_both_outcomes_and_never_listed_as_preexisting() -> None:
+    rec = selftest.recorded("cuda")
+    s = Situation([rec.production, rec.candidate], dict(rec.results))
+    r_harness_only_failure(s)
+    out = gate.decide(tuple(s.cells), (), s.results, s.policy, TODAY)
+    assert out.evidence.preexisting == ()
+    [reason] = [r for r in out.verdict.reasons if r.test == COMPILE]
+    assert reason.kind == "harness-failure" and reason.cell == s.cand.id
+    assert "needs pytest-xdist workers" in reason.message and "plain pytest in production: passed" in reason.message
+    s = Situation([rec.production, rec.candidate], dict(rec.results))
+    r_preexisting_failure_confirmed_by_plain_pytest(s)
+    [known] = gate.decide(tuple(s.cells), (), s.results, s.policy, TODAY).evidence.preexisting
+    assert known.test == COMPILE
 
 
 # ---- situations that must never reach the gate: bad input that would give a false verdict is exit 2

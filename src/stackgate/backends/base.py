@@ -119,12 +119,18 @@ class Execution:
     # the host CPUs its nodes may run on (one stack's share of a concurrent pair); () = any. Processes
     # started on this host inherit it from the runner's thread; a container is given it as its cpuset
     cpus: tuple[int, ...] = ()
+    # the fidelity rerun (phase "plain"): the command runs as a user would run it, with none of the
+    # harness's machinery (no node init, no marker variable, no container restriction)
+    plain: bool = False
 
 
 class Backend(Protocol):
     """Provides environments and executes node commands; what the nodes run is `suite.node_commands`."""
 
     name: str
+    # whether it can run the fidelity rerun (`Execution.plain`) outside its own machinery: a Slurm job
+    # cannot (its script is the machinery), a process on this host or a plain container can
+    runs_plain: bool
 
     def prepare(self, stack: Stack, log_path: Path) -> EnvHandle: ...
 

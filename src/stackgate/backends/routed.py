@@ -22,9 +22,11 @@ class Routed:
     built: Backend
     host: Backend
     name: str = ""
+    runs_plain: bool = True
 
     def __post_init__(self) -> None:
         self.name = self.name or f"{self.built.name}+{self.host.name}"
+        self.runs_plain = self.built.runs_plain and self.host.runs_plain
 
     def _for(self, stack: Stack) -> Backend:
         return self.host if stack.given.startswith(f"{given.HOST}:") else self.built

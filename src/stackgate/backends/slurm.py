@@ -148,6 +148,7 @@ class SlurmBackend:
     slurm`); the inner backend prepares environments and runs any other cell itself."""
 
     name = "slurm"
+    runs_plain = False
 
     def __init__(self, inner: Backend, *, forced: SlurmSpec | None, env: Mapping[str, str],
                  say: Callable[[str], None] = print) -> None:

@@ -55,6 +55,7 @@ ATTEMPT = "STACKGATE_ATTEMPT"  # marks the processes of one attempt (`Execution.
 
 class VenvBackend:
     name = "venv"
+    runs_plain = True
 
     def __init__(self, cache_dir: Path, compat: CompatTable, host_pip: PipConfig, env: Mapping[str, str],
                  *, deps: SuiteDeps | None = None, say: Callable[[str], None] | None = None) -> None:
@@ -183,7 +184,9 @@ class VenvBackend:
 
         def node(i: int, command: NodeCommand) -> None:
             env = {**node_base(self.env), **command.env}  # an allow-list: no host secret reaches the suite
-            env.update({**extra, "PATH": extra["PATH"] + os.pathsep + env.get("PATH", ""), ATTEMPT: exe.tag})
+            env.update({**extra, "PATH": extra["PATH"] + os.pathsep + env.get("PATH", "")})
+            if not exe.plain:  # the fidelity rerun carries no variable of stackgate's, its marker neither
+                env[ATTEMPT] = exe.tag
             try:
                 result = proc.run(command.argv, env=env, cwd=command.cwd,
                                   timeout_s=max(deadline - time.monotonic(), 1),

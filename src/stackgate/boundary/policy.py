@@ -14,6 +14,7 @@ from stackgate.tomlfile import to_date, to_list
 
 # the choices a policy offers, spelled once: the file's model and the Policy the gate reads share them
 PreexistingRule = Literal["go", "inconclusive"]
+HarnessRule = Literal["inconclusive", "go"]
 FlakyRule = Literal["inconclusive", "go", "no-go"]
 Pairing = Literal["sequential", "concurrent"]
 Device = Literal["cpu", "cuda"]  # model.Cell.device
@@ -30,6 +31,7 @@ Tag = Annotated[Name, BeforeValidator(lambda v: str(v) if isinstance(v, int) and
 class Gate(Model):
     inconclusive_exit_code: Annotated[int, Field(ge=0, le=1)] = 1
     preexisting_failures: PreexistingRule = "go"
+    harness_failures: HarnessRule = "inconclusive"
     confirm_failures: Annotated[int, Field(ge=0, le=10)] = 2
     flaky_failures: FlakyRule = "inconclusive"
 

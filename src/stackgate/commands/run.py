@@ -14,13 +14,14 @@ from stackgate.conclude import decide_and_report, signals_held
 from stackgate.console import Console, Printer
 from stackgate.errors import ConfigError, InfraError
 from stackgate.inputs import Loaded
-from stackgate.model import Cell, rerun
+from stackgate.model import Cell, CellResult, rerun
 from stackgate.options import Options
 from stackgate.plan import plan_envs, run_order
 from stackgate.policy import Policy
 from stackgate.report.data import now
 from stackgate.rundir import manifest, results
 from stackgate.runner import Attempt, Runner, together_here
+from stackgate.shipped import BUNDLED_SUITE
 from stackgate.suite import RunContext
 
 
@@ -162,6 +163,36 @@ def _confirm(runner: Runner, ordered: Sequence[Cell], select: repeats.Selection,
     _repeat(runner, ordered, select, rounds, policy)
 
 
+def _plain_reruns(runner: Runner, ordered: Sequence[Cell], finished: Mapping[str, CellResult]) -> None:
+    """The fidelity check of a user's suite: production's failing tests once more as plain pytest in
+    production's environment (no stackgate variable, no node init, no container restriction). The gate
+    counts a failure that passes there as the harness's, not as pre-existing."""
+    suite = runner.ctx.suite.path.resolve()
+    if suite == BUNDLED_SUITE.resolve():
+        return  # the bundled suite is stackgate's own: it needs the harness's variables to run at all
+    planned = repeats.plain_reruns(ordered, finished, suite)
+    if not planned:
+        return
+    say = runner.console.say
+    if not runner.backend.runs_plain:
+        say(f"fidelity: the {runner.backend.name} backend cannot run a test outside its own machinery: production's "
+            "failures stay pre-existing without that check")
+        return
+    count = sum(len(a.select or ()) for a in planned)
+    say(f"fidelity: {count} test(s) that failed in production run once more as plain pytest in its environment, "
+        "outside stackgate's machinery")
+    runner.run(planned)
+    after = results.read(runner.ctx.run_dir)
+    for attempt in planned:
+        again = after.get(attempt.result_id)
+        if again is None:
+            continue
+        passed = [t.name for t in again.tests if t.outcome == "passed"]
+        say(f"  {attempt.cell.id}: {len(passed)} of {len(attempt.select or ())} pass as plain pytest"
+            + (f" (harness failures, not pre-existing: {', '.join(passed[:5])}{' ...' if len(passed) > 5 else ''})"
+               if passed else ": pre-existing"))
+
+
 def attempt_all(runner: Runner, cells: Sequence[Cell], policy: Policy, *, rollback: bool) -> None:
     """Every attempt of a run, in order: the main runs; the reruns of each candidate's new failures,
     in both stacks (a failure counts only when it repeats); the interleaved repeats of the
@@ -173,6 +204,7 @@ def attempt_all(runner: Runner, cells: Sequence[Cell], policy: Policy, *, rollba
     by_id = runner.by_id
     runner.run((Attempt(c) for c in ordered), say_skipped=True)
     finished = results.read(runner.ctx.run_dir)
+    _plain_reruns(runner, ordered, finished)
     pairs = repeats.pairs_that_ran(ordered, finished)
     if pairs and policy.confirm_failures:
         select = repeats.new_failures(pairs, finished)

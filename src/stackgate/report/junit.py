@@ -108,7 +108,8 @@ def render(report: RunReport) -> ET.ElementTree:
     _performance(root, report, totals)
     known = [(f"{k.cell} {k.test}", f"pre-existing failure (fails in production too): candidate {k.candidate}; "
                                      f"production {k.production}") for k in report.evidence.preexisting]
-    for group, items in (("preexisting-failures", known),
+    harness = [(f"{r.cell} {r.test}", r.message) for r in report.gate.verdict.reasons if r.kind == "harness-failure"]
+    for group, items in (("preexisting-failures", known), ("harness-failures", harness),
                          ("not-run-here", [(n.cell.id, n.reason) for n in report.not_here]),
                          ("pruned", [(p.cell.id, "; ".join(p.reasons)) for p in report.pruned])):
         if not items:

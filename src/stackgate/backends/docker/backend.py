@@ -59,6 +59,7 @@ NODE_INIT = shipped.NODE_INIT.read_text()
 
 class DockerBackend:
     name = "docker"
+    runs_plain = True
 
     def __init__(self, engine: Engine, cache_dir: Path, compat: CompatTable, host_pip: PipConfig,
                  env: Mapping[str, str], *, suite_dir: Path, allow_bootstrap: bool = True,
@@ -317,13 +318,15 @@ class DockerBackend:
             mounts.append((str(self.suite_dir.resolve()), str(inside.BUNDLED_SUITE), "ro"))
         label = commands[0].label if commands else "none"
         reports = [leftovers_name(c.node, c.label) for c in commands]
+        # the fidelity rerun runs the command itself, without the node init that reports leftovers
         specs = [ContainerSpec(name=f"sg-{exe.tag}-{c.label}-node{c.node}", image=handle.ref,
-                               command=(python, "-c", NODE_INIT, str(inside.OUT / r), "--", *c.argv),
+                               command=tuple(c.argv) if exe.plain else (python, "-c", NODE_INIT, str(inside.OUT / r),
+                                                                        "--", *c.argv),
                                env={**c.env, **({"PYTHONPATH": str(inside.PREFIX)} if prefix else {})}, mounts=tuple(mounts), hostname=f"node{c.node}",
                                gpu=exe.cell.device == "cuda", user=f"{os.getuid()}:{os.getgid()}", workdir=str(c.cwd),
-                               cpus=exe.cpus)
+                               cpus=exe.cpus, plain=exe.plain)
                  for c, r in zip(commands, reports, strict=True)]
-        ran = self.engine.run_group(specs, network=f"sg-{exe.tag}-{label}",
+        ran = self.engine.run_group(specs, network=None if exe.plain else f"sg-{exe.tag}-{label}",
                                     timeout_s=max(deadline - time.monotonic(), 1), on_line=exe.on_line)
         exits = []
         cell_dir = CellDir(exe.workdir)
