@@ -26,12 +26,18 @@ from stackgate.versions import CudaVariant, parse_torch
 ROOT = Path(__file__).resolve().parents[2]
 FIDELITY = ROOT / "tests" / "data" / "fidelity_suite"
 PLANTED = "test_z_planted.py::test_passes_unless_stackgate_is_watching"
+BROKEN = "test_z_planted.py::test_broken_everywhere"
 PLANTED_TEST = '''import os
 
 
 def test_passes_unless_stackgate_is_watching() -> None:
     """Planted: it fails only where the harness's own variables reach the suite."""
     assert not sorted(k for k in os.environ if k.startswith("STACKGATE_"))
+
+
+def test_broken_everywhere() -> None:
+    """A failure that really is pre-existing: plain pytest sees it too."""
+    assert 1 + 1 == 3
 '''
 
 
@@ -70,7 +76,9 @@ def test_the_fidelity_suite_ends_as_under_plain_pytest_in_both_backends_and_a_ha
     venv = VenvBackend(cache, compat.load_compat(ROOT / "matrix" / "compat.toml"), sources.read_pip_config(env), env)
     python = venv.prepare(Stack(parse_torch("2.13.0"), CudaVariant("cpu"), "3.11"), tmp_path / "venv.log").ref
     plain = _plain_pytest(python, tmp_path / "suite", tmp_path / "plain.xml")
-    assert plain and set(plain.values()) == {"passed"}, plain  # the suite is green under plain pytest
+    # green under plain pytest, but for the one test that is broken everywhere
+    assert plain.pop(BROKEN) == "failed" and plain and set(plain.values()) == {"passed"}, plain
+    plain[BROKEN] = "failed"
 
     table = {"plain pytest": plain}
     for backend in ("venv", "docker"):
@@ -81,16 +89,19 @@ def test_the_fidelity_suite_ends_as_under_plain_pytest_in_both_backends_and_a_ha
         assert len(ran) == 2 and {c["environment"]["backend"] for c in ran} == {backend}
         for cell in ran:
             table[f"{backend} {cell['role']}"] = _outcomes(cell)
-        # the planted test is the harness's failure, named with both outcomes; nothing is pre-existing
-        assert report["preexisting_failures"] == [], report["preexisting_failures"]
+        # the planted test is the harness's failure, named with both outcomes; the broken one, which plain
+        # pytest sees fail too, is the only pre-existing failure
+        assert [k["test"].rsplit("/", 1)[-1] for k in report["preexisting_failures"]] == [BROKEN]
         harness = [r for r in report["reasons"] if r["kind"] == "harness-failure"]
         assert [r["test"].rsplit("/", 1)[-1] for r in harness] == [PLANTED], report["reasons"]
         assert harness[0]["severity"] == "inconclusive" and "plain pytest in production: passed" in harness[0]["message"]
         assert [r for r in report["reasons"] if r["severity"] in ("blocking", "inconclusive")] == harness
-        assert "fidelity: 1 test(s) that failed in production run once more as plain pytest" in said
+        assert "fidelity: 2 test(s) that failed in production run once more as plain pytest" in said
         rows = [json.loads(line) for line in (tmp_path / "reports" / backend / "results.jsonl").read_text().splitlines()]
-        [rerun] = [r for r in rows if r["phase"] == "plain"]
-        assert rerun["role"] == "production" and [t["name"].rsplit("/", 1)[-1] for t in rerun["tests"]] == [PLANTED]
+        [rerun] = [r for r in rows if r["phase"] == "plain"]  # once, for production, of its failures only
+        assert rerun["role"] == "production"
+        assert {t["name"].rsplit("/", 1)[-1]: t["outcome"] for t in rerun["tests"]} == {PLANTED: "passed", BROKEN: "failed"}
+        print(f"{backend}: the fidelity rerun took {rerun['duration_s']:.1f} s")
         for name in ("report.md", "report.html", "junit.xml"):  # named in every report
             assert "harness failure (fails under stackgate" in (tmp_path / "reports" / backend / name).read_text(), name
     print("\n".join(f"{name:60s} " + "  ".join(f"{k}={v.get(name, 'absent')}" for k, v in table.items())
