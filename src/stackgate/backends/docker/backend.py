@@ -305,7 +305,7 @@ class DockerBackend:
 
     def execute(self, handle: EnvHandle, commands: Sequence[NodeCommand], deadline: float,
                 exe: Execution) -> tuple[NodeExit, ...]:
-        """One container per node on a private internal network (no route out: torchrun's standalone
+        """One container per node on a network of the cell's own (a bridge: torchrun's standalone
         rendezvous needs a resolvable hostname, which `--network none` does not give)."""
         mounts = [(str(exe.workdir), str(inside.OUT), "rw"), (str(exe.artifacts), str(inside.ARTIFACTS), "rw"),
                   (str(exe.shared), str(inside.SHARED), "rw")]

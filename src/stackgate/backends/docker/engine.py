@@ -1,7 +1,7 @@
 """The one boundary for Docker: every docker SDK call lives here, behind the small `Engine` protocol.
 
 Containers and networks made by `run_group` are always removed, whatever happens. Every container
-gets no capabilities, no new privileges and an internal network, and what training needs on any
+gets no capabilities, no new privileges and a network of its cell's, and what training needs on any
 machine: a /dev/shm of `SHM_SIZE` (DataLoader workers and torch.multiprocessing hand tensors over
 through it; Docker's default of 64 MB hangs or kills them), a writable root (the container's own
 layer, removed with it: trainers write caches under HOME, ~/.triton, ~/.cache/torch) and, for a user
@@ -247,7 +247,11 @@ class DockerEngine:
         if name is None:
             yield None
             return
-        net = self.client.networks.create(name, driver="bridge", internal=True, check_duplicate=True)
+        # not `internal`: on an internal network Docker's embedded DNS drops what it cannot answer, so every
+        # lookup of a name it does not know (a reverse lookup of ::ffff:127.0.0.1 in c10d's TCPStore) stalls
+        # 10 s where the host's resolver says "not known" at once; that broke 23 tests of pytorch-ignite's
+        # distributed suite that pass under plain pytest and in a plain `docker run` (#41)
+        net = self.client.networks.create(name, driver="bridge", internal=False, check_duplicate=True)
         try:
             yield net
         finally:
