@@ -41,10 +41,16 @@ def test_broken_everywhere() -> None:
 '''
 
 
+def _users_shell() -> dict[str, str]:
+    """This process's environment less stackgate's own variables (CI sets STACKGATE_TEST_TIMES for the
+    test tiers' table): the shell of a user who has never run stackgate."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("STACKGATE_")}
+
+
 def _plain_pytest(python: str, suite: Path, junit: Path) -> dict[str, str]:
     """The suite under plain pytest, as its owner runs it: from its directory, nothing else."""
     subprocess.run([python, "-m", "pytest", "-p", "no:cacheprovider", f"--junitxml={junit}"], cwd=suite,
-                   capture_output=True, text=True, timeout=900, check=False)
+                   env=_users_shell(), capture_output=True, text=True, timeout=900, check=False)
     outcomes = {}
     for case in ET.parse(junit).getroot().iter("testcase"):
         name = f"{case.get('file') or case.get('classname', '').replace('.', '/') + '.py'}::{case.get('name')}"
@@ -55,8 +61,8 @@ def _plain_pytest(python: str, suite: Path, junit: Path) -> dict[str, str]:
 
 def _stackgate(cwd: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], dict]:  # type: ignore[type-arg]
     done = subprocess.run([sys.executable, "-m", "stackgate", "run", "--suite", "suite", "--matrix", "same-stack.toml",
-                           "--no-platform-checks", "--no-rollback", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=2400, check=False)
+                           "--no-platform-checks", "--no-rollback", *args], cwd=cwd, env=_users_shell(),
+                          capture_output=True, text=True, timeout=2400, check=False)
     run_id = args[args.index("--run-id") + 1]
     report = json.loads((cwd / "reports" / run_id / "report.json").read_text())
     return done, report
