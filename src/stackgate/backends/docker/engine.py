@@ -334,34 +334,30 @@ SHM_SIZE = "16g"  # a limit, not a reservation: tmpfs pages are taken as they ar
 
 
 def container_kwargs(spec: ContainerSpec, network: str | None) -> dict[str, Any]:
-    """docker SDK `containers.run` arguments: no capability, no new privilege and what training
-    needs (shared memory, a writable root and home); GPU flags for GPU cells only."""
+    """docker SDK `containers.run` arguments: what every container gets (its command, environment,
+    mounts, user, GPUs), then, unless it is the fidelity rerun's plain `docker run --ipc=host`, a cell's
+    own: no capability, no new privilege, its network and what training needs (shared memory, a
+    writable root and home); GPU cells add memlock/stack ulimits."""
     from docker.types import DeviceRequest, Ulimit
+    kwargs: dict[str, Any] = {
+        "name": spec.name, "environment": dict(spec.env), "command": list(spec.command), "detach": True,
+        "volumes": {h: {"bind": c, "mode": m} for h, c, m in spec.mounts}, "user": spec.user,
+    }
+    if spec.workdir:
+        kwargs["working_dir"] = spec.workdir
+    if spec.gpu:
+        kwargs["device_requests"] = [DeviceRequest(count=-1, capabilities=[["gpu"]])]
     if spec.plain:  # as a user types `docker run --rm --ipc=host IMAGE ...`: nothing of stackgate's
-        plain: dict[str, Any] = {"name": spec.name, "environment": dict(spec.env), "command": list(spec.command),
-                                 "detach": True, "ipc_mode": "host", "user": spec.user,
-                                 "volumes": {h: {"bind": c, "mode": m} for h, c, m in spec.mounts}}
-        if spec.workdir:
-            plain["working_dir"] = spec.workdir
-        if spec.gpu:
-            plain["device_requests"] = [DeviceRequest(count=-1, capabilities=[["gpu"]])]
-        return plain
-    env = dict(spec.env)
+        return {**kwargs, "ipc_mode": "host"}
     tmpfs = {"/tmp": "rw,exec,size=8g"}
     if spec.user is not None and spec.user.split(":", 1)[0] != "0":
         # a host uid the image has no passwd entry for: getpass.getuser() and a home to write must
         # still work, as they do for the same user on this machine
         tmpfs[str(inside.HOME)] = "rw,exec,size=8g,mode=1777"
-        env = {"HOME": str(inside.HOME), "USER": _user_name(), "LOGNAME": _user_name()} | env
-    kwargs: dict[str, Any] = {
-        "name": spec.name, "hostname": spec.hostname, "environment": env,
-        "command": list(spec.command), "detach": True,
-        "volumes": {h: {"bind": c, "mode": m} for h, c, m in spec.mounts},
-        "cap_drop": ["ALL"], "security_opt": ["no-new-privileges:true"], "shm_size": SHM_SIZE,
-        "tmpfs": tmpfs, "pids_limit": 4096, "user": spec.user,
-    }
-    if spec.workdir:
-        kwargs["working_dir"] = spec.workdir
+        user = _user_name()
+        kwargs["environment"] = {"HOME": str(inside.HOME), "USER": user, "LOGNAME": user} | kwargs["environment"]
+    kwargs.update(hostname=spec.hostname, cap_drop=["ALL"], security_opt=["no-new-privileges:true"],
+                  shm_size=SHM_SIZE, tmpfs=tmpfs, pids_limit=4096)
     if spec.cpus:
         kwargs["cpuset_cpus"] = ",".join(str(c) for c in spec.cpus)
     if network:
@@ -369,10 +365,8 @@ def container_kwargs(spec: ContainerSpec, network: str | None) -> dict[str, Any]
     if spec.gpu:
         # NCCL needs unlimited locked memory (GPUDirect RDMA registration); IPC stays private: ranks of
         # one cell share a container, so no host IPC namespace is needed.
-        kwargs.update(
-            device_requests=[DeviceRequest(count=-1, capabilities=[["gpu"]])],
-            ulimits=[Ulimit(name="memlock", soft=-1, hard=-1), Ulimit(name="stack", soft=67108864, hard=67108864)],
-        )
+        kwargs["ulimits"] = [Ulimit(name="memlock", soft=-1, hard=-1),
+                             Ulimit(name="stack", soft=67108864, hard=67108864)]
     return kwargs
 
 
