@@ -6,7 +6,6 @@ select) from the results recorded so far."""
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping, Sequence
-from pathlib import Path
 
 from stackgate import comparison, stats
 from stackgate.confirm import is_failure
@@ -14,7 +13,7 @@ from stackgate.model import PLAIN, ROLLBACK, Cell, CellResult, Phase, PhaseKind,
 from stackgate.policy import Policy
 from stackgate.rundir import results
 from stackgate.runner import Attempt
-from stackgate.suite import PLATFORM_CHECKS
+from stackgate.suite import SuiteSpec, platform_check
 
 WHOLE_SUITE = "*"
 Selection = dict[str, tuple[str, ...]]  # cell id -> the tests to repeat (WHOLE_SUITE: all of them)
@@ -75,7 +74,7 @@ def rollbacks(cells: Sequence[Cell], by_id: Mapping[str, Cell], finished: Mappin
     return out
 
 
-def plain_reruns(cells: Sequence[Cell], finished: Mapping[str, CellResult], suite: Path) -> list[Attempt]:
+def plain_reruns(cells: Sequence[Cell], finished: Mapping[str, CellResult], suite: SuiteSpec) -> list[Attempt]:
     """The fidelity rerun: each production cell's tests of a user's `suite` that failed in its main run
     (not the bundled platform checks beside them), once more as plain pytest in production's
     environment. A failure is pre-existing only when it fails there too; one that passes there was made
@@ -85,17 +84,10 @@ def plain_reruns(cells: Sequence[Cell], finished: Mapping[str, CellResult], suit
         ran = finished.get(cell.id)
         if cell.role is not Role.PRODUCTION or ran is None or not ran.status.ran_suite:
             continue
-        failed = tuple(sorted(t.name for t in ran.tests if is_failure(t.outcome) and _of_suite(t.name, suite)))
+        failed = tuple(sorted(t.name for t in ran.tests if is_failure(t.outcome) and not platform_check(suite, t.name)))
         if failed:
             out.append(Attempt(cell, PLAIN, select=failed))
     return out
-
-
-def _of_suite(name: str, suite: Path) -> bool:
-    """A test of the user's suite, not a platform check that ran beside it (a suite may have a file of
-    that name itself)."""
-    file = name.split("::", 1)[0]
-    return file not in PLATFORM_CHECKS or (suite / file).is_file()
 
 
 def pairs_that_ran(cells: Sequence[Cell], finished: Mapping[str, CellResult]) -> list[Cell]:

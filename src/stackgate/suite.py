@@ -108,6 +108,12 @@ def isolation(suite: Path, seen_as: Path) -> tuple[str, ...]:
     return ("-c", "/dev/null", "--confcutdir", str(seen_as))
 
 
+def platform_check(spec: SuiteSpec, name: str) -> bool:
+    """A node id of the bundled platform checks that run beside a user's suite (it names one of their
+    files), not of the suite itself."""
+    return spec.platform_checks and name.split("::", 1)[0] in PLATFORM_CHECKS
+
+
 def invocations(spec: SuiteSpec, phase: Phase, *, path: Path | None = None,
                 bundled: Path = BUNDLED_SUITE, select: tuple[str, ...] = ()) -> list[Invocation]:
     """The pytest runs of one cell. `select`: node ids (relative to the suite) to run alone, for the
@@ -119,8 +125,7 @@ def invocations(spec: SuiteSpec, phase: Phase, *, path: Path | None = None,
     if select:
         # a platform check's node id names a file of the bundled suite (its JUnit is relative to it): it
         # runs from there, as in the main run
-        platform = spec.platform_checks and path != bundled
-        checks = tuple(n for n in select if platform and n.split("::", 1)[0] in PLATFORM_CHECKS)
+        checks = tuple(n for n in select if path != bundled and platform_check(spec, n))
         own_ids = tuple(n for n in select if n not in checks)
         out = [Invocation("platform", (*(f"{bundled}/{n}" for n in checks), "--rootdir", str(bundled), *common),
                           bundled)] if checks else []

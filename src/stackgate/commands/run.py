@@ -167,10 +167,9 @@ def _plain_reruns(runner: Runner, ordered: Sequence[Cell], finished: Mapping[str
     """The fidelity check of a user's suite: production's failing tests once more as plain pytest in
     production's environment (no stackgate variable, no node init, no container restriction). The gate
     counts a failure that passes there as the harness's, not as pre-existing."""
-    suite = runner.ctx.suite.path.resolve()
-    if suite == BUNDLED_SUITE.resolve():
+    if runner.ctx.suite.path.resolve() == BUNDLED_SUITE.resolve():
         return  # the bundled suite is stackgate's own: it needs the harness's variables to run at all
-    planned = repeats.plain_reruns(ordered, finished, suite)
+    planned = repeats.plain_reruns(ordered, finished, runner.ctx.suite)
     if not planned:
         return
     say = runner.console.say
