@@ -140,6 +140,15 @@ def _first_line(text: str) -> str:
     return lines[0][:300] if lines else ""
 
 
+def _known_failure(rule: str, must_pass: bool, is_required: bool) -> Severity:
+    """A failure in both stacks that the upgrade did not cause (pre-existing, or the harness's): listed
+    in a cell that is not required; else INCONCLUSIVE when the test must pass or the policy's `rule`
+    says so."""
+    if not is_required:
+        return Severity.INFO
+    return Severity.INCONCLUSIVE if must_pass or rule == "inconclusive" else Severity.INFO
+
+
 def _passes_plain(name: str, plain: CellResult | None) -> bool:
     """The test passed in production's fidelity rerun (plain pytest, outside the harness)."""
     return plain is not None and any(t.name == name and t.outcome == "passed" for t in plain.tests)
@@ -241,8 +250,7 @@ def _cell_reasons(cell: Cell, result: CellResult, is_required: bool, policy: Pol
         if is_prod and compared and not must_pass:
             continue  # judged beside each candidate: pre-existing there, or fixed by the upgrade
         if earlier is not None and is_failure(earlier.outcome) and _passes_plain(t.name, plain):
-            severity = Severity.INCONCLUSIVE if must_pass or policy.harness_failures == "inconclusive" else Severity.INFO
-            out.append(Reason(severity if is_required else Severity.INFO,
+            out.append(Reason(_known_failure(policy.harness_failures, must_pass, is_required),
                               f"harness failure (fails under stackgate in both stacks, passes as plain pytest in "
                               f"production's environment: not pre-existing, and the stack is not measured by it): "
                               f"candidate {t.outcome}: {_first_line(t.message)}; production {earlier.outcome}: "
@@ -252,9 +260,7 @@ def _cell_reasons(cell: Cell, result: CellResult, is_required: bool, policy: Pol
         if earlier is not None and is_failure(earlier.outcome):
             known.append(Preexisting(cell.id, cell.baseline, t.name, f"{t.outcome}: {_first_line(t.message)}",
                                      f"{earlier.outcome}: {_first_line(earlier.message)}"))
-            severity = (Severity.INCONCLUSIVE if must_pass or policy.preexisting_failures == "inconclusive"
-                        else Severity.INFO)
-            out.append(Reason(severity if is_required else Severity.INFO,
+            out.append(Reason(_known_failure(policy.preexisting_failures, must_pass, is_required),
                               f"pre-existing failure (fails in production too, not caused by the upgrade): "
                               f"candidate {t.outcome}: {_first_line(t.message)}; production {earlier.outcome}: "
                               f"{_first_line(earlier.message)}", cell=cell.id, test=t.name, kind="preexisting-failure"))
