@@ -65,3 +65,19 @@ def test_a_cached_venvs_import_check_runs_again_only_when_its_interpreter_change
     assert venv.check_env(root, stack) == "" and imports() == 4
     (root / "pyvenv.cfg").write_text("home = /opt/other/bin\n")  # pointed at another base interpreter
     assert venv.check_env(root, stack) == "" and imports() == 5
+
+
+def test_one_venv_serves_every_stack_of_the_same_content_whatever_its_channel(tmp_path: Path, root: Path) -> None:
+    """Production's 2.13.0+cpu and a stable candidate of 2.13.0+cpu install the same packages: one venv
+    (as one Docker image), where each channel used to build its own (15 s each on a fresh cache)."""
+    from dataclasses import replace
+
+    from stackgate import compat, sources
+    from stackgate.backends.venv import VenvBackend
+    from stackgate.model import Stack
+    from stackgate.versions import CudaVariant, parse_torch
+    backend = VenvBackend(tmp_path, compat.load_compat(root / "matrix" / "compat.toml"), sources.read_pip_config({}), {})
+    stack = Stack(parse_torch("2.13.0"), CudaVariant("cpu"), "3.11", channel="production")
+    assert backend.root_for(replace(stack, channel="stable"))[0] == backend.root_for(stack)[0]
+    assert backend.root_for(replace(stack, torch=parse_torch("2.14.1")))[0] != backend.root_for(stack)[0]
+    assert backend.root_for(replace(stack, extra_requirements=("einops",)))[0] != backend.root_for(stack)[0]

@@ -28,6 +28,7 @@ from stackgate.backends.base import (
     Sbom,
     checked_once,
     free_port,
+    freeze_lines,
     torch_probe_problem,
 )
 from stackgate.compat import CompatTable
@@ -68,7 +69,10 @@ class VenvBackend:
 
     # ------------------------------------------------------------------------------------ prepare
     def key(self, stack: Stack, reqs: list[str]) -> str:
-        blob = json.dumps({"stack": stack.to_json(), "requirements": reqs, "layout": LAYOUT,
+        """What goes into the venv, as Docker's image_key: the stack's channel is a label (production's
+        2.13.0+cpu and a stable candidate of 2.13.0+cpu are one environment), not content."""
+        content = {k: v for k, v in stack.to_json().items() if k != "channel"}
+        blob = json.dumps({"stack": content, "requirements": reqs, "layout": LAYOUT,
                            "constraints": list(self.deps.constraint_lines()),
                            "projects": [b.digest for b in self.deps.built],
                            "installer": installer_args(stack.source, self.host_pip)}, sort_keys=True)
@@ -163,7 +167,7 @@ class VenvBackend:
                                          hint="free space, or pass --cache-dir on a larger disk")
                     raise PrepareFailed(f"installing {stack.label} failed (exit {result.returncode})", result.tail)
             freeze = proc.capture([*uv, "pip", "freeze", "--python", str(staging / "bin" / "python")], env=env)
-            sbom = Sbom(key=key, requirements=reqs, packages=freeze.split(), python=stack.python, kind="venv",
+            sbom = Sbom(key=key, requirements=reqs, packages=freeze_lines(freeze), python=stack.python, kind="venv",
                         created=time.time())
             (staging / MARKER).write_text(json.dumps(sbom, indent=1))
         _fix_activation_paths(root, staging)
@@ -210,8 +214,9 @@ class VenvBackend:
         done = [e for e in exits if e is not None]
         if commands and done:  # what the suite started and left running (a daemon in a session of its own)
             # this attempt's own: another attempt of the same cell may be running beside it (concurrent pairs)
-            marks = {k: commands[0].env[k] for k in ("STACKGATE_RUN_ID", "STACKGATE_CELL") if k in commands[0].env}
-            ended = proc.end_marked({**marks, ATTEMPT: exe.tag}) if len(marks) == 2 else []
+            names = ("STACKGATE_RUN_ID", "STACKGATE_RUN_KEY", "STACKGATE_CELL")
+            marks = {k: commands[0].env[k] for k in names if k in commands[0].env}
+            ended = proc.end_marked({**marks, ATTEMPT: exe.tag}) if len(marks) == len(names) else []
             if ended:
                 done[0] = dataclasses.replace(done[0], leftovers=tuple(f"pid {pid}: {cmd}" for pid, cmd in ended))
         return tuple(done)
