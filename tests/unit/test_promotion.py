@@ -86,3 +86,15 @@ def test_the_changelog_lists_the_work_and_escapes_what_it_quotes() -> None:
     text = promotion.changelog(_report(), [stack], "r1", "now", "alice", ["reg.example/team/stack:production"])
     assert "## Your work list" in text and "&lt;default&gt;" in text and "<default>" not in text
     assert "-12.0%" in text and DIGEST in text and "uv pip sync --offline cu130-torch2.14.1-py3.11/pylock.toml" in text
+
+
+def test_a_direct_url_line_of_a_freeze_is_one_package_with_its_wheel() -> None:
+    """A --suite-install project is frozen as `name @ file:///...whl`: a split on whitespace made it two
+    "packages" (`recsys-kit` with no version, and the URL), so the report's package list, the stack diff
+    and the promoted lock never had it."""
+    from stackgate.backends.base import freeze_lines
+    from stackgate.promotion import _pin
+    url = "file:///root/.cache/stackgate/projects/recsys_kit-ad08/recsys_kit-0.3.0-py3-none-any.whl"
+    lines = freeze_lines(f"einops==0.8.2\n\nrecsys-kit @ {url}\n# a comment\ntorch==2.13.0+cpu\n")
+    assert lines == ["einops==0.8.2", f"recsys-kit @ {url}", "torch==2.13.0+cpu"]
+    assert [_pin(line) for line in lines] == [("einops", "0.8.2", ""), ("recsys-kit", "", url), ("torch", "2.13.0+cpu", "")]

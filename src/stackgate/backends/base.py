@@ -53,6 +53,13 @@ class Described(TypedDict, total=False):
     launcher: str
 
 
+def freeze_lines(text: str) -> list[str]:
+    """A `pip freeze` (or `uv pip freeze`) output as its requirement lines. A line is one package, and
+    some have spaces: `recsys-kit @ file:///.../recsys_kit-0.3.0-py3-none-any.whl` (a --suite-install
+    project, a direct URL), which a split on whitespace cut into two "packages", one with no version."""
+    return [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+
+
 @dataclass(frozen=True)
 class EnvHandle:
     """A prepared environment: a venv's python or an image tag, with what was installed."""

@@ -22,6 +22,7 @@ from stackgate.backends.base import (
     PrepareFailed,
     Sbom,
     checked_once,
+    freeze_lines,
     torch_probe_problem,
 )
 from stackgate.backends.docker import images
@@ -98,7 +99,7 @@ class DockerBackend:
         if runs != image.ref:
             sbom["suite_layer"] = runs
         try:  # the stack image's own SBOM (a suite layer on top adds the suite's packages to what the suite sees)
-            sbom["packages"] = self.engine.read_file(image.ref, str(inside.PIP_FREEZE)).split()
+            sbom["packages"] = freeze_lines(self.engine.read_file(image.ref, str(inside.PIP_FREEZE)))
         except Exception as exc:
             sbom["sbom_error"] = str(exc)
         self._os_sbom(image.ref, sbom)
@@ -261,7 +262,7 @@ class DockerBackend:
         labels): the stack image is not changed by it. Everything the stack holds stays as it is."""
         lines = self.deps.own_lines()
         extra = [images.in_image(r) for r in lines]
-        held = [p for p in self.engine.read_file(image.ref, str(inside.PIP_FREEZE)).split() if "==" in p]
+        held = [p for p in freeze_lines(self.engine.read_file(image.ref, str(inside.PIP_FREEZE))) if "==" in p]
         self.say(f"  resolving the suite's wheels for {' '.join(extra)}")
         fetched = self._wheels(stack, lines, log_path, constraints=(*held, *self.deps.constraint_lines()))
         missing = set(lacking(tuple(images.pin_of(w) for w in fetched.wheels), tuple(held)))
