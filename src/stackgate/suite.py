@@ -46,11 +46,19 @@ class SuiteSpec:
 PLATFORM_CHECKS = ("test_identity.py", "test_collectives.py", "test_transport.py")
 
 
-def suite_env(cell: Cell, *, results: Path, artifacts: Path, shared: Path, profile: str, run_id: str,
-              node_rank: int = 0, endpoint: str = "", phase: Phase = MAIN,
+def run_marks(run_id: str, run_dir: Path) -> dict[str, str]:
+    """What every process of a run carries in its environment, and so what a resume ends: its run id,
+    and a key of its run directory. A run id alone is a name a user gives (`--run-id nightly`): two
+    checkouts on one runner can each have a run of that name, and one's resume must not end the other's."""
+    key = hashlib.sha256(str(Path(run_dir).resolve()).encode()).hexdigest()[:16]
+    return {"STACKGATE_RUN_ID": run_id, "STACKGATE_RUN_KEY": key}
+
+
+def suite_env(cell: Cell, *, results: Path, artifacts: Path, shared: Path, profile: str,
+              marks: Mapping[str, str], node_rank: int = 0, endpoint: str = "", phase: Phase = MAIN,
               extra: tuple[tuple[str, str], ...] = ()) -> dict[str, str]:
-    """STACKGATE_* variables: what the cell asked for, where to write, and the topology."""
-    return dict(extra) | {
+    """STACKGATE_* variables: what the cell asked for, where to write, the topology, and the run's marks."""
+    return dict(extra) | dict(marks) | {
         "STACKGATE_EXPECT_TORCH": cell.stack.torch_public,
         "STACKGATE_EXPECT_CUDA": cell.stack.cuda.tag,
         "STACKGATE_EXPECT_TRANSPORT": cell.pool.transport.value,
@@ -59,7 +67,6 @@ def suite_env(cell: Cell, *, results: Path, artifacts: Path, shared: Path, profi
         "STACKGATE_PHASE": str(phase),
         "STACKGATE_PROFILE": profile,
         "STACKGATE_CELL": cell.id,
-        "STACKGATE_RUN_ID": run_id,
         "STACKGATE_RESULTS": str(results),
         "STACKGATE_ARTIFACTS": str(artifacts),
         "STACKGATE_SHARED_DIR": str(shared),
@@ -252,7 +259,8 @@ def node_commands(cell: Cell, ctx: RunContext, layout: Layout) -> list[tuple[Nod
         group = []
         for i in range(nodes):
             env = suite_env(cell, results=records_file(layout.out, i), artifacts=layout.artifacts,
-                            shared=layout.shared, profile=ctx.suite.profile, run_id=ctx.run_id, node_rank=i,
+                            shared=layout.shared, profile=ctx.suite.profile,
+                            marks=run_marks(ctx.run_id, ctx.run_dir), node_rank=i,
                             endpoint=layout.endpoint if nodes > 1 else "", phase=ctx.phase, extra=ctx.suite.env)
             argv = pytest_argv(layout.python, inv, layout.out / junit_name(i, inv.label))
             group.append(NodeCommand(i, inv.label, tuple(argv), env, inv.cwd))

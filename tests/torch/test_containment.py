@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from stackgate import proc
+from stackgate import proc, suite
 from stackgate.backends.base import EnvHandle
 from stackgate.backends.venv import VenvBackend
 from stackgate.runner import run_cell
@@ -48,20 +48,25 @@ def test_a_daemon_that_outlives_the_suite_is_ended_and_reported(backend: VenvBac
     assert not proc.marked({"STACKGATE_RUN_ID": "contain-10"})  # nothing of the run is alive
 
 
-def test_resume_ends_what_the_dead_run_left_running(tmp_path: Path) -> None:
-    """#19 item 5: a killed run's processes kept running through --resume; the resumed run now ends them."""
-    orphan = subprocess.Popen(["sleep", "1002"], env={"STACKGATE_RUN_ID": "dead-run", "PATH": "/usr/bin:/bin"},
-                              start_new_session=True)
+def test_resume_ends_what_the_dead_run_left_running_and_nothing_of_another_run_of_that_name(tmp_path: Path) -> None:
+    """#19 item 5: a killed run's processes kept running through --resume; the resumed run now ends them.
+    A run id is a name: another checkout's run called `dead-run`, still running, is not this run's."""
+    mine, theirs = (suite.run_marks("dead-run", tmp_path / where / "reports" / "dead-run") for where in ("a", "b"))
+    assert mine["STACKGATE_RUN_ID"] == theirs["STACKGATE_RUN_ID"] and mine != theirs
+    orphan, other = (subprocess.Popen(["sleep", "1002"], env={**marks, "PATH": "/usr/bin:/bin"}, start_new_session=True)
+                     for marks in (mine, theirs))
     try:
         time.sleep(0.2)
-        assert [pid for pid, _ in proc.marked({"STACKGATE_RUN_ID": "dead-run"})] == [orphan.pid]
-        ended = proc.end_marked({"STACKGATE_RUN_ID": "dead-run"})
+        assert [pid for pid, _ in proc.marked(mine)] == [orphan.pid]
+        ended = proc.end_marked(mine)
         assert ended and ended[0][0] == orphan.pid and "sleep 1002" in ended[0][1]
         assert orphan.wait(timeout=10) < 0  # ended by a signal
+        assert other.poll() is None, "the other checkout's run of the same name was ended"
     finally:
-        if orphan.poll() is None:
-            orphan.kill()
-            orphan.wait()
+        for started in (orphan, other):
+            if started.poll() is None:
+                started.kill()
+                started.wait()
 
 
 SECRETS = '''

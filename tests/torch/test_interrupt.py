@@ -51,7 +51,8 @@ def test_sigterm_mid_cell_cleans_up_reports_and_resume_finishes(tmp_path: Path, 
 
 def check_cancel_and_resume(tmp_path: Path, cache_dir: Path, backend: str) -> None:
     before = frozenset(docker_leftovers()) if backend == "docker" else frozenset()
-    run = _stackgate(["--run-id", "cancel"], tmp_path, cache_dir, backend)
+    run_id = f"cancel-{backend}"  # the venv and Docker tests run at the same time (pytest -n): each its own name
+    run = _stackgate(["--run-id", run_id], tmp_path, cache_dir, backend)
     assert run.stdout is not None
     seen: list[str] = []
     deadline = time.monotonic() + 600
@@ -60,21 +61,21 @@ def check_cancel_and_resume(tmp_path: Path, cache_dir: Path, backend: str) -> No
         seen.append(line)
         if line.startswith("run local-cpu-cu130"):
             started_second = True
-        if started_second and "PASSED" in line and (backend == "docker" or processes_of_run("cancel")):
+        if started_second and "PASSED" in line and (backend == "docker" or processes_of_run(run_id)):
             break
         assert time.monotonic() < deadline, "".join(seen[-30:])
     assert started_second, "".join(seen[-30:])
-    assert processes_of_run("cancel") or docker_leftovers(before), "the cell should be running"
+    assert processes_of_run(run_id) or docker_leftovers(before), "the cell should be running"
     run.send_signal(signal.SIGTERM)  # to stackgate alone, as a CI runner cancelling the step would
     rest, _ = run.communicate(timeout=120)
     output = "".join(seen) + rest
     assert run.returncode == 143, output[-3000:]
     assert "interrupted: stopped" in output
     time.sleep(1)
-    assert processes_of_run("cancel") == [], "stray processes after SIGTERM"
+    assert processes_of_run(run_id) == [], "stray processes after SIGTERM"
     if backend == "docker":
         assert docker_leftovers(before) == [], "containers or networks left after SIGTERM"
-    run_dir = tmp_path / "reports" / "cancel"
+    run_dir = tmp_path / "reports" / run_id
     report = json.loads((run_dir / "report.json").read_text())
     assert report["decision"] == "INCONCLUSIVE"  # the candidate has no result yet
     finished = [json.loads(line)["cell_id"] for line in (run_dir / "results.jsonl").read_text().splitlines()]
@@ -84,12 +85,12 @@ def check_cancel_and_resume(tmp_path: Path, cache_dir: Path, backend: str) -> No
         fh.write('{"cell_id": "local-cpu-cu130-torch2.14.1-py3.11-1x2", "status": "pass')
 
     changed = subprocess.run([sys.executable, "-m", "stackgate", "run", "--backend", backend, "--profile", "default",
-                              "--cache-dir", str(cache_dir), *SELECT, "--resume", "cancel"],
+                              "--cache-dir", str(cache_dir), *SELECT, "--resume", run_id],
                              cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False)
     assert changed.returncode == 2 and "definition changed" in changed.stderr  # not the same run
     assert "profile: was 'quick', now 'default'" in changed.stderr
 
-    resumed = _stackgate(["--resume", "cancel"], tmp_path, cache_dir, backend)
+    resumed = _stackgate(["--resume", run_id], tmp_path, cache_dir, backend)
     out, _ = resumed.communicate(timeout=1200)
     assert resumed.returncode in (0, 1), out[-3000:]
     assert "repaired a torn last line" in out and "skip prod-local-cpu-cpu-torch2.13.0-py3.11-1x2" in out
@@ -102,6 +103,6 @@ def check_cancel_and_resume(tmp_path: Path, cache_dir: Path, backend: str) -> No
     cells = {c["id"]: c["status"] for c in final["cells"]}
     assert cells == {"prod-local-cpu-cpu-torch2.13.0-py3.11-1x2": "passed",
                      "local-cpu-cu130-torch2.14.1-py3.11-1x2": "passed"}
-    assert processes_of_run("cancel") == []
+    assert processes_of_run(run_id) == []
     if backend == "docker":
         assert docker_leftovers(before) == []

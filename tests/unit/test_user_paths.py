@@ -50,7 +50,7 @@ def test_fake_gpu_hosts_expand_to_world_sizes_that_fit_them(gpus: int, sizes: tu
         assert cell.collective_world_sizes == sizes
         assert max(cell.collective_world_sizes) <= gpus
         env = suite.suite_env(cell, results=Path("/r"), artifacts=Path("/a"), shared=Path("/s"), profile="quick",
-                              run_id="r")
+                              marks=suite.run_marks("r", Path("/reports/r")))
         assert env["STACKGATE_WORLD_SIZES"] == ",".join(map(str, sizes))
         assert env["STACKGATE_EXPECT_TRANSPORT"] == "any"  # fleet.toml's declaration for the local pool
 

@@ -22,7 +22,7 @@ from stackgate.report.data import now
 from stackgate.rundir import manifest, results
 from stackgate.runner import Attempt, Runner, together_here
 from stackgate.shipped import BUNDLED_SUITE
-from stackgate.suite import RunContext
+from stackgate.suite import RunContext, run_marks
 
 
 def run(opts: Options, env: Mapping[str, str], say: Printer | None = None, *, machinery: Machinery = REAL) -> int:
@@ -104,7 +104,7 @@ def _open(opts: Options, loaded: Loaded, run_id: str, run_dir: Path, chosen: mat
     if opts.resume:
         manifest.check_resume(run_dir, defined, selected)
         # this run owns the directory now, so what still carries its id was left by the run that died
-        ended = proc.end_marked({"STACKGATE_RUN_ID": run_id})
+        ended = proc.end_marked(run_marks(run_id, run_dir))
         if ended:
             say(f"resume: ended {len(ended)} process(es) the dead run {run_id} left running: "
                 + "; ".join(f"pid {pid} ({cmd[:80]})" for pid, cmd in ended[:5]))
