@@ -49,10 +49,13 @@ def selftest(session: nox.Session) -> None:
 @nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
     """The harness's tests, every tier (`-- --fast`: the unit tier and its property tests, for the edit-test loop)."""
-    session.install("-e", ".", "hypothesis>=6.100")
-    # each file's time as it ends; at the end each tier's time, the files over budget (tests/budgets.toml)
-    # and the 15 slowest tests: so growth shows, even in a run cut short
-    session.run("pytest", *(session.posargs or ["tests", "-o", "console_output_style=times", "--durations=15"]))
+    session.install("-e", ".", "hypothesis>=6.100", "pytest-xdist>=3.5")
+    # one worker per core (at most 4): a real run of a stack keeps about one core busy (pip, torch's import, one
+    # pytest), so two workers on CI's two cores take the tiers side by side; the Docker and registry tiers
+    # share one worker (one engine), as does the Slurm tier (tests/budgets.py: share_of). At the end each
+    # tier's time, the files over budget (tests/budgets.toml) and the 15 slowest tests.
+    session.run("pytest", *(session.posargs or ["tests", "-n", "auto", "--maxprocesses", "4", "--dist", "loadgroup",
+                                                "--no-loadscope-reorder", "--durations=15"]))
 
 
 @nox.session(name="bad-inputs", python=PYTHON)

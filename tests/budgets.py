@@ -94,6 +94,33 @@ def select_fast(config: pytest.Config, items: list[pytest.Item]) -> None:
     items[:] = keep
 
 
+def share_of(path: str) -> str:
+    """Which tests one pytest-xdist worker runs one after the other (`--dist loadgroup`): every test of
+    the Docker and registry tiers (one engine: their images are session fixtures, and their tests count
+    the engine's `sg-` containers and networks), every test of the Slurm tier (one cluster), and each
+    other file on its own (its module fixtures: caches, wheels)."""
+    tier = tier_of(path)
+    if tier in ("docker", "registry"):
+        return "engine"
+    return "slurm" if tier == "slurm" else path
+
+
+def schedule(config: pytest.Config, items: list[pytest.Item], budgets: Budgets | None = None) -> None:
+    """Under pytest-xdist: each test gets its share's group, and the shares are ordered by their budget,
+    the longest first (a share is handed to the next free worker in this order, so the short unit files
+    fill the end of the run instead of one long file keeping a worker busy after the other is done)."""
+    if not hasattr(config, "workerinput"):  # a plain pytest run keeps its collection order
+        return
+    budgets = budgets or load_budgets()
+    cost: dict[str, float] = defaultdict(float)
+    for path in {item.nodeid.split("::", 1)[0] for item in items}:
+        cost[share_of(path)] += budgets.of(path)
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(share_of(item.nodeid.split("::", 1)[0])))
+    order = {share: rank for rank, share in enumerate(sorted(cost, key=lambda share: (-cost[share], share)))}
+    items.sort(key=lambda item: order[share_of(item.nodeid.split("::", 1)[0])])  # stable: a share keeps its order
+
+
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     _CLOCK.add(report)
 
@@ -117,7 +144,8 @@ def summary(budgets: Budgets) -> list[str]:
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    if not _CLOCK.seconds:
+    if not _CLOCK.seconds or hasattr(terminalreporter.config, "workerinput"):  # the controller sums the workers'
+        return
         return
     lines = summary(load_budgets())
     terminalreporter.section("test time by tier, and files over their budget (named, never failed)")
