@@ -64,7 +64,10 @@ def decide_and_report(opts: Options, env: Mapping[str, str], loaded: Loaded, cho
                        results=list(all_results.values()), summary=counts(report), suite=run_definition(opts))
     except (sqlite3.Error, OSError) as exc:
         history_error = history_error or f"cannot record the run in the history database {opts.history}: {exc}"
-    say(f"\n{outcome.verdict.decision.value} (gating verdict {report.gating_verdict}, exit {code})")
+    # the exit a pipeline gets: a history that cannot be written ends the run with exit 3 (the caller raises)
+    shown = (f"exit {code}" if history_error is None or code == 3
+             else f"exit 3, not {code}: the history database failed, below")
+    say(f"\n{outcome.verdict.decision.value} (gating verdict {report.gating_verdict}, {shown})")
     for line in why_lines(outcome.verdict):
         say(line)
     known = outcome.evidence.preexisting

@@ -224,3 +224,17 @@ def test_a_merge_claims_its_run_directory_too(no_subprocesses: MemoryBackend, tm
         held.release()
     assert merge_command(memory_options(tmp_path, run_id="merged"), {}, [tmp_path / "r" / "mem"], lambda _: None) in (0, 1)
     assert target.results.exists() and target.report_json.exists()
+
+
+def test_a_go_whose_history_cannot_be_written_never_says_exit_0(no_subprocesses: MemoryBackend, tmp_path: Path) -> None:
+    """A history database on a full disk (or not a database) ends the run with exit 3 after its reports;
+    the console's verdict line above that error said "exit 0"."""
+    from stackgate.errors import InfraError
+    broken = tmp_path / "history.sqlite"
+    broken.write_text("this is not an SQLite database\n" * 100)
+    said: list[str] = []
+    with pytest.raises(InfraError, match="history database"):
+        run_command(memory_options(tmp_path, history=str(broken)), {}, said.append, machinery=on_memory(no_subprocesses))
+    assert json.loads((tmp_path / "r" / "mem" / "report.json").read_text())["decision"] == "GO"
+    verdict = [line for line in said if "(gating verdict" in line]
+    assert verdict == ["\nGO (gating verdict GO, exit 3, not 0: the history database failed, below)"], said
