@@ -54,7 +54,7 @@ def tests(session: nox.Session) -> None:
     # pytest), so two workers on CI's two cores take the tiers side by side; the Docker and registry tiers
     # share one worker (one engine), as does the Slurm tier (tests/budgets.py: share_of). At the end each
     # tier's time, the files over budget (tests/budgets.toml) and the 15 slowest tests.
-    session.run("pytest", *(session.posargs or ["tests", "-n", "auto", "--maxprocesses", "4", "--dist", "loadgroup",
+    session.run("pytest", *(session.posargs or ["tests", "-n", "auto", "--maxprocesses", "4", "--dist", "loadfile",
                                                 "--no-loadscope-reorder", "--durations=15"]))
 
 

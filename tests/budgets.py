@@ -95,10 +95,10 @@ def select_fast(config: pytest.Config, items: list[pytest.Item]) -> None:
 
 
 def share_of(path: str) -> str:
-    """Which tests one pytest-xdist worker runs one after the other (`--dist loadgroup`): every test of
-    the Docker and registry tiers (one engine: their images are session fixtures, and their tests count
-    the engine's `sg-` containers and networks), every test of the Slurm tier (one cluster), and each
-    other file on its own (its module fixtures: caches, wheels)."""
+    """Which tests one pytest-xdist worker runs one after the other: every test of the Docker and
+    registry tiers (one engine: their images are session fixtures, and their tests count the engine's
+    `sg-` containers and networks), every test of the Slurm tier (one cluster), and each other file on
+    its own (its module fixtures: caches, wheels), as `--dist loadfile` would."""
     tier = tier_of(path)
     if tier in ("docker", "registry"):
         return "engine"
@@ -106,19 +106,32 @@ def share_of(path: str) -> str:
 
 
 def schedule(config: pytest.Config, items: list[pytest.Item], budgets: Budgets | None = None) -> None:
-    """Under pytest-xdist: each test gets its share's group, and the shares are ordered by their budget,
-    the longest first (a share is handed to the next free worker in this order, so the short unit files
-    fill the end of the run instead of one long file keeping a worker busy after the other is done)."""
+    """On a pytest-xdist worker: the shares ordered by their budget, the longest first (the controller
+    hands shares out in the workers' collection order, so the short unit files fill the end of the run
+    instead of one long file keeping a worker busy after the other is done)."""
     if not hasattr(config, "workerinput"):  # a plain pytest run keeps its collection order
         return
     budgets = budgets or load_budgets()
     cost: dict[str, float] = defaultdict(float)
     for path in {item.nodeid.split("::", 1)[0] for item in items}:
         cost[share_of(path)] += budgets.of(path)
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(share_of(item.nodeid.split("::", 1)[0])))
     order = {share: rank for rank, share in enumerate(sorted(cost, key=lambda share: (-cost[share], share)))}
     items.sort(key=lambda item: order[share_of(item.nodeid.split("::", 1)[0])])  # stable: a share keeps its order
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    """`--dist loadfile`, by share (`share_of`) instead of by file. (pytest-xdist's own `loadgroup`, whose
+    groups ride on a suffix of each test's id, put one group's tests on both workers under pytest 9.)"""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByShare(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            return share_of(nodeid.split("::", 1)[0])
+
+    return ByShare(config, log)
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:

@@ -9,20 +9,21 @@ from tests.budgets import (
     pytest_addoption,
     pytest_runtest_logreport,
     pytest_terminal_summary,
+    pytest_xdist_make_scheduler,
     schedule,
     select_fast,
     tier_of,
 )
 
-__all__ = ["pytest_addoption", "pytest_runtest_logreport", "pytest_terminal_summary"]  # the budgets plugin's hooks
+__all__ = ["pytest_addoption", "pytest_runtest_logreport", "pytest_terminal_summary",  # the budgets plugin's hooks
+           "pytest_xdist_make_scheduler"]
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "integration_tests"))  # pure helpers (busbw, nccl_log) are tested here too
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups (`--dist loadgroup`)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The tier is the directory: tests/torch -> `torch`, tests/docker -> `docker`, tests/slurm -> `slurm`
-    (select with -m); `--fast` keeps the unit tier alone; under pytest-xdist, which tests share a worker."""
+    (select with -m); `--fast` keeps the unit tier alone; under pytest-xdist, the longest shares first."""
     select_fast(config, items)
     for item in items:
         tier = tier_of(item.nodeid.split("::", 1)[0])
