@@ -64,6 +64,7 @@ def suite_env(cell: Cell, *, results: Path, artifacts: Path, shared: Path, profi
         "STACKGATE_EXPECT_TRANSPORT": cell.pool.transport.value,
         "STACKGATE_DEVICE": cell.device,
         "STACKGATE_ROLE": cell.role.value,
+        "STACKGATE_STACK_GIVEN": cell.stack.given,
         "STACKGATE_PHASE": str(phase),
         "STACKGATE_PROFILE": profile,
         "STACKGATE_CELL": cell.id,

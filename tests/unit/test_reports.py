@@ -20,8 +20,13 @@ def _report(fail: bool = False) -> RunReport:
     rec = selftest.recorded("cuda")
     prod, cand = rec.production, rec.candidate
     pres, cres = rec.results[prod.id], rec.candidate_result
-    pres = replace(pres, environment={"torch": "2.13.0", "packages": ["torch==2.13.0", "numpy==2.0"]})
-    cres = replace(cres, environment={"torch": "2.14.1", "packages": ["torch==2.14.1", "numpy==2.0", "triton==3.8"]},
+    site = "/venv/lib/python3.11/site-packages"
+    pres = replace(pres, environment={"torch": "2.13.0", "packages": ["torch==2.13.0", "numpy==2.0"], "mapped_libraries": {
+        "libgomp": [{"path": f"{site}/torch/lib/libgomp.so.1", "origin": "env"}],
+        "libstdc++": [{"path": "/usr/lib/x86_64-linux-gnu/libstdc++.so.6.0.30", "origin": "system"}]}})
+    cres = replace(cres, environment={"torch": "2.14.1", "packages": ["torch==2.14.1", "numpy==2.0", "triton==3.8"],
+                                      "mapped_libraries": {"libgomp": [{"path": f"/opt/base/lib/libgomp.so.1|{EVIL}",
+                                                                        "origin": "outside"}]}},
                    warnings=(f"FutureWarning: {EVIL}",))
     if fail:
         cres = replace(cres, tests=(*cres.tests, TestOutcome(f"test_evil.py::test_{EVIL}", "failed", 1.0, EVIL)))
@@ -45,6 +50,12 @@ def test_all_four_reports_are_written_and_json_follows_its_schema(tmp_path: Path
     assert data["not_run_here"][0]["reason"] == "pool p4d is not this machine"
     assert data["stack_diff"][0]["facts"][0] == {"what": "torch", "production": "2.13.0", "candidate": "2.14.1"}
     assert {"name": "triton", "production": None, "candidate": "3.8", "kind": "added"} in data["stack_diff"][0]["packages"]
+    # what each stack's processes had mapped, with its origin (#43)
+    facts = {f["what"]: (f["production"], f["candidate"]) for f in data["stack_diff"][0]["facts"]}
+    assert facts["mapped libgomp"] == ("torch/lib/libgomp.so.1 (env)", f"/opt/base/lib/libgomp.so.1|{EVIL} (outside)")
+    assert facts["mapped libstdc++"] == ("/usr/lib/x86_64-linux-gnu/libstdc++.so.6.0.30 (system)", "-")
+    md = (tmp_path / "report.md").read_text()
+    assert "| mapped libgomp | torch/lib/libgomp.so.1 (env) |" in md and "<script>" not in md
     assert any(c["gated"] and c["outcome"] == "ok" for c in data["comparisons"])
     assert (tmp_path / "summary.md").read_text().startswith("# stackgate upgrade-torch: GO")
 

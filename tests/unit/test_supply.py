@@ -182,3 +182,41 @@ def test_pip_check_without_pip_names_what_an_installed_package_lacks(tmp_path: P
     assert broken is not None and len(broken) == 2
     assert "trainer-kit 1.0 has requirement pytest<1, but" in broken[0]
     assert "trainer-kit 1.0 requires not-installed-anywhere>=2, which is not installed" in broken[1]
+
+
+MAPS = """\
+7f0000000000-7f0000001000 r--p 00000000 08:01 1 /venv/lib/python3.11/site-packages/torch/lib/libtorch_cpu.so
+7f0000001000-7f0000002000 r-xp 00001000 08:01 1 /venv/lib/python3.11/site-packages/torch/lib/libtorch_cpu.so
+7f0000002000-7f0000003000 r--p 00000000 08:01 2 /venv/lib/python3.11/site-packages/torch/lib/libgomp-a34b3233.so.1
+7f0000003000-7f0000004000 r--p 00000000 08:01 3 /opt/base/lib64/libgomp.so.1 (deleted)
+7f0000004000-7f0000005000 r--p 00000000 08:01 4 /usr/lib/x86_64-linux-gnu/libstdc++.so.6.0.30
+7f0000005000-7f0000006000 r--p 00000000 08:01 5 /usr/lib/x86_64-linux-gnu/libnccl.so.2.27.3
+7f0000006000-7f0000007000 r--p 00000000 08:01 6 /usr/lib/x86_64-linux-gnu/libc.so.6
+7f0000007000-7f0000008000 rw-p 00000000 00:00 0 [heap]
+7f0000008000-7f0000009000 rw-p 00000000 00:00 0
+"""
+
+
+def test_what_the_process_mapped_names_each_second_copy_and_each_library_from_outside(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """#43 item 1, the rule on a captured /proc/self/maps: one library from two files (the wheel's
+    auditwheel copy and a base image's), one from the system that the stack ships (NCCL), and the
+    system's libstdc++, which is allowed."""
+    import sys
+    monkeypatch.syspath_prepend(str(shipped.BUNDLED_SUITE))
+    sys.modules.pop("loader", None)
+    import loader
+    mapped = loader.mapped_libraries(MAPS)
+    assert mapped == {"libgomp": ["/opt/base/lib64/libgomp.so.1", "/venv/lib/python3.11/site-packages/torch/lib/libgomp-a34b3233.so.1"],
+                      "libnccl": ["/usr/lib/x86_64-linux-gnu/libnccl.so.2.27.3"],
+                      "libstdc++": ["/usr/lib/x86_64-linux-gnu/libstdc++.so.6.0.30"],
+                      "libtorch_cpu": ["/venv/lib/python3.11/site-packages/torch/lib/libtorch_cpu.so"]}
+    problems = loader.mapped_problems(mapped, ["/venv", "/venv/lib/python3.11/site-packages"])
+    assert problems == [
+        "libgomp is mapped from 2 files: /opt/base/lib64/libgomp.so.1, /venv/lib/python3.11/site-packages/torch/lib/libgomp-a34b3233.so.1",
+        "libgomp comes from /opt/base/lib64/libgomp.so.1, outside the stack's environment (/venv, /venv/lib/python3.11/site-packages)",
+        "libnccl comes from /usr/lib/x86_64-linux-gnu/libnccl.so.2.27.3, outside the stack's environment (/venv, /venv/lib/python3.11/site-packages)",
+    ]
+    assert loader.mapped_problems({k: v for k, v in mapped.items() if k in ("libtorch_cpu", "libstdc++")},
+                                  ["/venv"]) == []
+    assert loader.origin("/venvother/lib/libgomp.so.1", ["/venv"]) == "outside"  # a prefix of a name is not a parent

@@ -21,6 +21,14 @@ class LoaderCopies(OpenModel):
     competing: Annotated[list[Text], Field(max_length=1000)] = Field(default_factory=list)
 
 
+class MappedFile(OpenModel):
+    """One file of a library that a process of the cell had mapped (the identity test's
+    `mapped_libraries`, from /proc/self/maps): its real path and where it comes from."""
+
+    path: Text
+    origin: Name = ""  # "env" (the stack's environment), "system" or "outside"
+
+
 Share = Annotated[float, Field(ge=0.0, le=1e6)]
 
 
@@ -65,6 +73,8 @@ class EnvironmentFields(Model):
     pressure: PressureRecord | None = None
     suite_requirements: Table = Field(default_factory=dict)
     loader_copies: Annotated[dict[Name, LoaderCopies], Field(max_length=1000)] = Field(default_factory=dict)
+    mapped_libraries: Annotated[dict[Name, Annotated[list[MappedFile], Field(max_length=1000)]],
+                                Field(max_length=1000)] = Field(default_factory=dict)
     env_reused: bool | None = None
     env_prepare_s: Annotated[float, Field(ge=0)] | None = None
 

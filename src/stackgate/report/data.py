@@ -107,11 +107,21 @@ def stack_diffs(cells: Sequence[Cell], results: Mapping[str, CellResult]) -> tup
         facts = [(key, str(shown[0].get(key)), str(shown[1].get(key)))
                  for key in ("torch", "cuda", "nccl", "cudnn", "triton", "python", "numpy", "nvidia_driver",
                              "cuda_driver_api", "cuda_compat_in_use")]
+        libraries = _mapped(bres), _mapped(cres)
+        facts += [(f"mapped {lib}", libraries[0].get(lib, "-"), libraries[1].get(lib, "-"))
+                  for lib in sorted(set(libraries[0]) | set(libraries[1]))]
         bp, cp = _packages(bres), _packages(cres)
         changes = [PackageChange(n, bp.get(n), cp.get(n)) for n in sorted(set(bp) | set(cp)) if bp.get(n) != cp.get(n)]
         changes.sort(key=lambda ch: (not ch.name.startswith(KEY_PACKAGES), ch.name))
         out.append(StackDiff(base.id, cand.id, tuple(facts), tuple(changes)))
     return tuple(out)
+
+
+def _mapped(result: CellResult) -> dict[str, str]:
+    """library -> the files of it the cell's processes had mapped, each with its origin ("env": the
+    stack's environment, shown from its site-packages on; "system"; "outside")."""
+    return {lib: "; ".join(f"{f.path.split('/site-packages/', 1)[-1]} ({f.origin})" for f in files)
+            for lib, files in result.environment.mapped_libraries.items()}
 
 
 def performance_rows(comparisons: Sequence[MetricComparison]) -> tuple[list[MetricComparison], list[MetricComparison]]:

@@ -28,6 +28,7 @@ class Expectation:
     artifacts: Path | None
     role: str
     phase: str
+    given: str = ""  # the stack is an environment the team has ("host:..." or "image:..."), not one stackgate built
 
 
 @pytest.fixture(scope="session")
@@ -43,6 +44,7 @@ def expect() -> Expectation:
         artifacts=Path(artifacts) if artifacts else None,
         role=env.get("STACKGATE_ROLE", "candidate"),
         phase=env.get("STACKGATE_PHASE", "main"),
+        given=env.get("STACKGATE_STACK_GIVEN", ""),
     )
 
 

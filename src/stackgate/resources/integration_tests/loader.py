@@ -98,3 +98,68 @@ def loader_copies() -> dict[str, dict[str, list[str]]]:
     front = _copies([p for d in _front_dirs() if d.is_dir() for p in d.iterdir()])
     cache = _copies(_ld_cache())
     return {lib: {"competing": front[lib] or cache[lib], "cache": cache[lib]} for lib in LIBRARIES}
+
+
+# ------------------------------------------------------------------------------- what was mapped
+# The stack's shared objects whose copies matter (#43): torch's own, the OpenMP runtime, the C++
+# runtime, and on CUDA builds the CUDA runtime, cuBLAS, cuDNN, NCCL, NVRTC and triton's.
+MAPPED = re.compile(r"(libtorch\w*|libc10\w*|libshm|libgomp|libiomp5|libomp|libstdc\+\+|libcudart|libcublas\w*|"
+                    r"libcudnn\w*|libnccl|libnvrtc\w*|libtriton\w*)(?:-[0-9a-f]{8})?\.so(?:\.[\d.]+)?")
+# where a library may come from outside the stack's environment: the system's C++ runtime
+SYSTEM_OK = {"libstdc++"}
+SYSTEM_DIRS = ("/lib/", "/lib64/", "/usr/lib/", "/usr/lib64/")
+
+
+def mapped_libraries(maps: str) -> dict[str, list[str]]:
+    """library -> the distinct files (real paths) of it that a /proc/<pid>/maps text shows mapped.
+    A wheel's auditwheel copy (`libgomp-a34b3233.so.1`) is the same library as `libgomp.so.1`."""
+    found: dict[str, set[str]] = {}
+    for line in maps.splitlines():
+        fields = line.split(maxsplit=5)
+        if len(fields) < 6 or not fields[5].startswith("/"):
+            continue
+        path = fields[5].strip().removesuffix(" (deleted)")
+        match = MAPPED.fullmatch(os.path.basename(path))
+        if match:
+            found.setdefault(match.group(1), set()).add(os.path.realpath(path))
+    return {lib: sorted(paths) for lib, paths in sorted(found.items())}
+
+
+def origin(path: str, env_roots: list[str]) -> str:
+    """"env" (under the stack's environment), "system" (the OS's library directories) or "outside"."""
+    if any(path.startswith(root.rstrip("/") + "/") for root in env_roots):
+        return "env"
+    return "system" if path.startswith(SYSTEM_DIRS) else "outside"
+
+
+def env_roots() -> list[str]:
+    """The stack's environment, by real path: its prefix (a venv, an image's) and its site-packages."""
+    import site
+    import sys
+    roots = {sys.prefix, sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"], *site.getsitepackages()}
+    return sorted({os.path.realpath(r) for r in roots if r})
+
+
+def mapped_problems(libraries: dict[str, list[str]], roots: list[str]) -> list[str]:
+    """What is wrong with what was mapped: one library from two files, or one from outside the stack's
+    environment (the system's C++ runtime excepted). Each names the files."""
+    out = []
+    for lib, paths in libraries.items():
+        if len(paths) > 1:
+            out.append(f"{lib} is mapped from {len(paths)} files: {', '.join(paths)}")
+        for path in paths:
+            where = origin(path, roots)
+            if where == "outside" or (where == "system" and lib not in SYSTEM_OK):
+                out.append(f"{lib} comes from {path}, outside the stack's environment ({', '.join(roots)})")
+    return out
+
+
+def what_is_mapped() -> dict[str, list[dict[str, str]]]:
+    """This process's mapped libraries of the stack, each file with its origin (for the report)."""
+    roots = env_roots()
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return {}
+    return {lib: [{"path": p, "origin": origin(p, roots)} for p in paths]
+            for lib, paths in mapped_libraries(maps).items()}

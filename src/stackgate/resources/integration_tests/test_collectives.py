@@ -7,6 +7,7 @@ import os
 import time
 
 import busbw
+import loader
 import pytest
 import record
 import torch
@@ -70,7 +71,8 @@ def correctness(ctx) -> dict:
         x = mine.clone()
         dist.broadcast(x, src=0)
         wrong[f"broadcast.{dname}"] = _ulp_wrong(x, inputs[0], 0)
-    return wrong
+    # what this rank really loaded, after its first collectives (a rank can load what the launcher did not)
+    return {"wrong": wrong, "mapped": loader.what_is_mapped()}
 
 
 def bandwidth(ctx) -> dict:
@@ -136,14 +138,19 @@ def test_collective_correctness(dist, nproc, expect) -> None:
                     f"{torch.cuda.device_count()} GPU(s): the runner does not match its pool")
     results = dist("test_collectives:correctness", nproc=nproc)
     bad = {}
+    loaded = []
+    roots = ["/"] if expect.given else loader.env_roots()  # as test_identity.py's
     for res in results:
-        for key, count in res["value"].items():
+        for key, count in res["value"]["wrong"].items():
             if count:
                 bad[f"rank{res['rank']}:{key}"] = count
+        mapped = {lib: [f["path"] for f in files] for lib, files in res["value"]["mapped"].items()}
+        loaded += [f"rank {res['rank']}: {problem}" for problem in loader.mapped_problems(mapped, roots)]
     world = nproc * nnodes
     record.metric("collective_wrong_elements", sum(bad.values()), "elements", test="collectives", better="equal",
                   world_size=world)
     assert not bad, f"wrong elements (0 ulp; 2 ulp for avg): {bad}"
+    assert not loaded, "what the ranks loaded: " + "; ".join(loaded)
 
 
 @pytest.mark.distributed

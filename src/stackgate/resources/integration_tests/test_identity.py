@@ -208,3 +208,23 @@ def test_triton_present_for_compile(expect) -> None:
     if not expect.cuda.startswith("cu") or platform.system() != "Linux":
         pytest.skip("Triton is needed by torch.compile only on CUDA builds on Linux")
     assert _dist_version("triton") is not None, "CUDA build of torch without Triton: torch.compile on GPU will fail"
+
+
+def test_each_library_is_mapped_once_from_the_stack(expect) -> None:
+    """What this process really loaded (/proc/self/maps), after import, a matmul and a convolution (and on
+    a GPU runner after CUDA's first use): one file per library, each from the stack's environment (the
+    system's libstdc++ excepted). A base image's or the host's copy shadowing the wheel's (LD_LIBRARY_PATH,
+    a preload) is the failure after an upgrade that no test of torch's own shows."""
+    device = "cuda" if expect.device == "cuda" and torch.cuda.is_available() else "cpu"
+    x = torch.randn(64, 64, device=device)
+    (x @ x).sum().item()
+    torch.nn.functional.conv2d(torch.randn(1, 3, 16, 16, device=device), torch.randn(4, 3, 3, 3, device=device)).sum().item()
+    mapped = loader.what_is_mapped()
+    record.environment({"mapped_libraries": mapped})
+    # a stack stackgate built is its venv (in an image too); a given image or interpreter is what the team
+    # has, system libraries included (an NGC-style image's CUDA libraries are its own): there, two copies
+    # of one library still fail, a library from the system does not
+    roots = ["/"] if expect.given else loader.env_roots()
+    problems = loader.mapped_problems({lib: [f["path"] for f in files] for lib, files in mapped.items()}, roots)
+    assert mapped, "no library of the stack is mapped: /proc/self/maps could not be read"
+    assert not problems, "; ".join(problems)
