@@ -228,3 +228,60 @@ def test_each_library_is_mapped_once_from_the_stack(expect) -> None:
     problems = loader.mapped_problems({lib: [f["path"] for f in files] for lib, files in mapped.items()}, roots)
     assert mapped, "no library of the stack is mapped: /proc/self/maps could not be read"
     assert not problems, "; ".join(problems)
+
+
+_LANE = """
+import ctypes, json, sys
+sys.path.insert(0, sys.argv[1])
+import loader, torch
+x = torch.randn(64, 64)
+(x @ x).sum().item()
+roots = json.loads(sys.argv[2])
+alone = loader.mapped_problems(loader.mapped_libraries(open("/proc/self/maps").read()), roots)
+for extra in sys.argv[3:]:
+    ctypes.CDLL(extra)  # a second copy, mapped beside the stack's own
+beside = loader.mapped_problems(loader.mapped_libraries(open("/proc/self/maps").read()), roots)
+print(json.dumps({"alone": alone, "beside": beside, "mapped": loader.mapped_libraries(open("/proc/self/maps").read())}))
+"""
+
+
+def _lane(env: dict, roots: list[str], *extra: str) -> dict:
+    import json
+    import subprocess
+    done = subprocess.run([sys.executable, "-c", _LANE, str(Path(__file__).parent), json.dumps(roots), *extra],
+                          env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, f"torch does not import with {sorted(set(env) ^ set(os.environ))} changed: " + done.stderr[-1500:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_runpath_alone_resolves_and_a_planted_copy_is_caught(expect, tmp_path) -> None:
+    """#43 item 2, two more lanes of the check above, in every stack. With LD_LIBRARY_PATH and LD_PRELOAD
+    unset, torch's RUNPATH alone must resolve what it loads (PyTorch's own rule, check_binary.sh). And a
+    check that cannot fail is a defect: the wheel's OpenMP runtime copied elsewhere and loaded beside
+    it must be named as a second copy, and (a stack stackgate built) put first on LD_LIBRARY_PATH, as a
+    base image's copy would be, must be named as coming from outside the stack where the loader takes it
+    (torch 2.13.0+cpu's RUNPATH yields to LD_LIBRARY_PATH; 2.14.1+cu130 has an RPATH, which LD_LIBRARY_PATH does not override)."""
+    import shutil
+    mapped = loader.what_is_mapped()
+    own = [f["path"] for f in mapped.get("libgomp", [])]
+    if len(own) != 1:
+        pytest.skip(f"this torch maps {len(own)} OpenMP runtime(s) (libgomp): nothing to plant a copy of")
+    planted = tmp_path / "planted"
+    planted.mkdir()
+    copy = planted / Path(own[0]).name
+    shutil.copy2(own[0], copy)
+    roots = ["/"] if expect.given else loader.env_roots()
+    bare = {k: v for k, v in os.environ.items() if k not in ("LD_LIBRARY_PATH", "LD_PRELOAD")}
+    lane = _lane(bare, roots, str(copy))
+    record.environment({"runpath_alone": lane["alone"]})
+    assert not lane["alone"], "with LD_LIBRARY_PATH unset: " + "; ".join(lane["alone"])
+    assert any(str(copy) in p and "mapped from 2 files" in p for p in lane["beside"]), (
+        f"a second libgomp ({copy}) loaded beside the stack's was not caught: {lane['beside']}")
+    if not expect.given:
+        first = {**os.environ, "LD_LIBRARY_PATH": os.pathsep.join(filter(None, (str(planted), os.environ.get("LD_LIBRARY_PATH"))))}
+        lane = _lane(first, roots)
+        shadowed = any(str(copy) in paths for paths in lane["mapped"].values())
+        record.environment({"ld_library_path_shadows_libgomp": shadowed})  # False: RPATH or a dlopen by path wins
+        if shadowed:
+            assert any(str(copy) in p and "outside the stack's environment" in p for p in lane["alone"]), (
+                f"a libgomp put first on LD_LIBRARY_PATH ({copy}) was loaded and not caught: {lane['alone']}")
