@@ -10,8 +10,25 @@ import record
 import torch
 
 
-def test_compile_matches_eager_and_captures_a_graph(expect) -> None:
+@pytest.fixture
+def shared_compile_cache(expect, monkeypatch) -> str:
+    """The compile caches a node's stacks share (#43 item 3): production's main run fills them, the
+    candidate's main run compiles on what production left, and production's rollback run compiles on what
+    the candidate left, as on a node where both stacks use one TORCHINDUCTOR_CACHE_DIR / TRITON_CACHE_DIR
+    (pytorch#150494, #173679: a newer torch's entries crashed the older one). Without the harness: the
+    process's own caches."""
+    if expect.artifacts is None:
+        return ""
+    root = expect.artifacts / "compile-cache"
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(root / "inductor"))
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(root / "triton"))
+    return str(root)
+
+
+@pytest.mark.crossversion  # the rollback phase runs it too: production on the candidate's caches
+def test_compile_matches_eager_and_captures_a_graph(expect, shared_compile_cache) -> None:
     device = "cuda" if expect.device == "cuda" else "cpu"
+    where = f" (compile caches shared with the other stack: {shared_compile_cache})" if shared_compile_cache else ""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.Linear(128, 16)).to(device)
     x = torch.randn(32, 64, device=device)
@@ -22,10 +39,14 @@ def test_compile_matches_eager_and_captures_a_graph(expect) -> None:
     torch._dynamo.reset()  # noqa: SLF001
     compiled = torch.compile(model)
     t0 = time.perf_counter()
-    out = compiled(x)
+    try:
+        out = compiled(x)
+    except Exception as exc:
+        raise AssertionError(f"torch.compile failed in torch {torch.__version__}{where}: {exc}") from exc
     compile_s = time.perf_counter() - t0
     ref = model(x)
-    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5,
+                               msg=lambda m: f"compiled != eager in torch {torch.__version__}{where}: {m}")
     calls = []
     for _ in range(20):
         t0 = time.perf_counter()

@@ -93,6 +93,21 @@ def test_load_torch_save_weights_only(expect) -> None:
                                    msg=lambda m: f"torch.save from torch {meta['torch']}: {m}")
 
 
+def _key_mismatch(state: dict, checkpoint: Path) -> tuple[list[str], list[str]]:
+    """(keys the state asks for that the checkpoint lacks, keys the checkpoint holds that the state does
+    not ask for), in DCP's flattened names (`model.a.weight`, `optim.state.0.step`)."""
+    import torch.distributed.checkpoint as dcp
+    try:
+        from torch.distributed.checkpoint._nested_dict import flatten_state_dict  # what dcp.load flattens with
+        wanted = set(flatten_state_dict(state)[0])
+    except ImportError:  # a torch without it: the model's keys alone
+        wanted = {f"model.{k}" for k in state["model"]}
+    saved = set(dcp.FileSystemReader(str(checkpoint)).read_metadata().state_dict_metadata)
+    if not any(k.startswith("optim.") for k in wanted):
+        saved = {k for k in saved if k.startswith("model.")}
+    return sorted(wanted - saved), sorted(saved - wanted)
+
+
 @pytest.mark.crossversion
 def test_load_dcp_model_and_optimizer(expect) -> None:
     src, meta = _source(expect)
@@ -106,6 +121,11 @@ def test_load_dcp_model_and_optimizer(expect) -> None:
     fresh(x).sum().backward()
     fresh_opt.step()
     state = {"model": fresh.state_dict(), "optim": fresh_opt.state_dict()}
+    # an exact key match, both ways: dcp.load ignores what the checkpoint holds and the state does not ask
+    # for, and a partial load (allow_partial_load) hides what it lacks (torchtitan#886)
+    missing, unexpected = _key_mismatch(state, src / "dcp")
+    assert not missing and not unexpected, (f"DCP checkpoint from torch {meta['torch']}: missing keys {missing[:20]}, "
+                                            f"unexpected keys {unexpected[:20]}")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         dcp.load(state, checkpoint_id=str(src / "dcp"))
