@@ -237,11 +237,12 @@ import loader, torch
 x = torch.randn(64, 64)
 (x @ x).sum().item()
 roots = json.loads(sys.argv[2])
-alone = loader.mapped_problems(loader.mapped_libraries(open("/proc/self/maps").read()), roots)
+mapped = loader.mapped_libraries(open("/proc/self/maps").read())
+alone = loader.mapped_problems(mapped, roots)
 for extra in sys.argv[3:]:
     ctypes.CDLL(extra)  # a second copy, mapped beside the stack's own
 beside = loader.mapped_problems(loader.mapped_libraries(open("/proc/self/maps").read()), roots)
-print(json.dumps({"alone": alone, "beside": beside, "mapped": loader.mapped_libraries(open("/proc/self/maps").read())}))
+print(json.dumps({"alone": alone, "beside": beside, "mapped": mapped}))
 """
 
 
@@ -275,6 +276,13 @@ def test_runpath_alone_resolves_and_a_planted_copy_is_caught(expect, tmp_path) -
     lane = _lane(bare, roots, str(copy))
     record.environment({"runpath_alone": lane["alone"]})
     assert not lane["alone"], "with LD_LIBRARY_PATH unset: " + "; ".join(lane["alone"])
+    # what this process maps against what torch's RUNPATH alone resolves: a library that differs is shadowed
+    # by LD_LIBRARY_PATH or LD_PRELOAD (a given image's too, whose system libraries are otherwise its own)
+    here = {lib: [f["path"] for f in files] for lib, files in mapped.items()}
+    shadowed = [f"{lib}: {', '.join(here[lib])} is mapped here (LD_LIBRARY_PATH={os.environ.get('LD_LIBRARY_PATH', '')!r}, "
+                f"LD_PRELOAD={os.environ.get('LD_PRELOAD', '')!r}), where torch's RUNPATH alone maps {', '.join(paths)}"
+                for lib, paths in lane["mapped"].items() if lib in here and sorted(here[lib]) != sorted(paths)]
+    assert not shadowed, "; ".join(shadowed)
     assert any(str(copy) in p and "mapped from 2 files" in p for p in lane["beside"]), (
         f"a second libgomp ({copy}) loaded beside the stack's was not caught: {lane['beside']}")
     if not expect.given:
