@@ -60,3 +60,41 @@ def test_a_plain_image_is_gated_as_it_is(engine: DockerEngine, cpu_image: EnvHan
                            check=False)
     assert wrong.returncode == 2 and f"--candidate-image {IMAGE} holds torch 2.13.0+cpu" in wrong.stderr
     assert "declares torch 2.14.1" in wrong.stderr and not (tmp_path / "reports" / "wrong").exists()
+
+
+SHADOWED = "stackgate-test/byo-trainer:2.13-shadowed"
+SHADOWING = f"""FROM {IMAGE}
+RUN mkdir /opt/extra && cp /opt/venv/lib/python3.11/site-packages/torch/lib/libgomp.so.1 /opt/extra/
+ENV LD_LIBRARY_PATH=/opt/extra
+"""
+
+
+def test_an_image_whose_ld_library_path_shadows_the_wheels_libgomp_is_no_go_naming_both(
+        engine: DockerEngine, cpu_image: EnvHandle, tmp_path: Path) -> None:
+    """#43's acceptance: the candidate image carries a second libgomp on LD_LIBRARY_PATH (as a base image's
+    CUDA or MKL directory would): NO-GO, the identity check naming both files; the same image with
+    LD_LIBRARY_PATH unset: GO. (Uses the image test_a_plain_image_is_gated_as_it_is built.)"""
+    if engine.facts(IMAGE) is None:
+        pytest.skip(f"{IMAGE} is built by test_a_plain_image_is_gated_as_it_is, which did not run")
+    ctx = tmp_path / "ctx"
+    ctx.mkdir()
+    (ctx / "Dockerfile").write_text(SHADOWING)
+    subprocess.run(["docker", "build", "-q", "-t", SHADOWED, str(ctx)], check=True, capture_output=True, timeout=600)
+    subprocess.run(["cp", "-r", str(ROOT / "tests" / "data" / "plain_suite"), str(tmp_path / "suite")], check=True)
+    common = ["run", "--candidate-image", SHADOWED, "--suite", "suite", "--no-rollback"]
+
+    def run(*args: str) -> tuple[int, dict, str]:
+        proc = subprocess.run([sys.executable, "-m", "stackgate", *common, *args], cwd=tmp_path, capture_output=True,
+                              text=True, timeout=1800, check=False)
+        run_id = args[args.index("--run-id") + 1]
+        return proc.returncode, json.loads((tmp_path / "reports" / run_id / "report.json").read_text()), proc.stdout
+
+    code, report, out = run("--run-id", "shadowed")
+    assert code == 1 and report["decision"] == "NO-GO", out[-4000:]
+    [cand] = [c for c in report["cells"] if c["role"] == "candidate"]
+    failed = {t["name"].rsplit("/", 1)[-1]: t["message"] for t in cand["tests"] if t["outcome"] == "failed"}
+    message = failed.get("test_identity.py::test_runpath_alone_resolves_and_a_planted_copy_is_caught", "")
+    assert "/opt/extra/libgomp.so.1" in message and "/opt/venv/lib/python3.11/site-packages/torch/lib/libgomp.so.1" in message, failed
+
+    code, report, out = run("--suite-env", "LD_LIBRARY_PATH=", "--run-id", "unset")
+    assert code == 0 and report["decision"] == "GO", out[-4000:]

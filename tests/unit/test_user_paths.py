@@ -52,6 +52,8 @@ def test_fake_gpu_hosts_expand_to_world_sizes_that_fit_them(gpus: int, sizes: tu
         env = suite.suite_env(cell, results=Path("/r"), artifacts=Path("/a"), shared=Path("/s"), profile="quick",
                               marks=suite.run_marks("r", Path("/reports/r")))
         assert env["STACKGATE_WORLD_SIZES"] == ",".join(map(str, sizes))
+        assert env["STACKGATE_STACK_GIVEN"] == ""  # a stack stackgate builds (the identity check's rule: its venv)
+        assert env["STACKGATE_RUN_ID"] == "r" and len(env["STACKGATE_RUN_KEY"]) == 16
         assert env["STACKGATE_EXPECT_TRANSPORT"] == "any"  # fleet.toml's declaration for the local pool
 
 
