@@ -53,7 +53,7 @@ def main() -> int:
     # table comes out in this order whichever finishes first
     with ProcessPoolExecutor(max_workers=max(1, min(len(PER_ENTRY), os.cpu_count() or 1))) as pool:
         done = list(pool.map(run, PER_ENTRY, PER_ENTRY.values(), [seed] * len(PER_ENTRY)))
-    for (entry, _), (seen, bad, took) in zip(PER_ENTRY.items(), done):
+    for (entry, _), (seen, bad, took) in zip(PER_ENTRY.items(), done, strict=True):
         cases = sum(seen.values())
         total.update(seen)
         total["cases"] += cases
