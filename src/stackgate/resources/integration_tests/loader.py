@@ -140,6 +140,14 @@ def env_roots() -> list[str]:
     return sorted({os.path.realpath(r) for r in roots if r})
 
 
+def stack_roots(given: str) -> list[str]:
+    """What counts as the stack's environment: a stack stackgate built is its venv (in an image too); a given
+    image or interpreter (`STACKGATE_STACK_GIVEN`) is what the team has, its system libraries included (an
+    NGC-style image's CUDA libraries are its own), so there only two copies of one library, or a shadowed
+    one, fail."""
+    return ["/"] if given else env_roots()
+
+
 def mapped_problems(libraries: dict[str, list[str]], roots: list[str]) -> list[str]:
     """What is wrong with what was mapped: one library from two files, or one from outside the stack's
     environment (the system's C++ runtime excepted). Each names the files."""

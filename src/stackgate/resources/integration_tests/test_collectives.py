@@ -139,7 +139,7 @@ def test_collective_correctness(dist, nproc, expect) -> None:
     results = dist("test_collectives:correctness", nproc=nproc)
     bad = {}
     loaded = []
-    roots = ["/"] if expect.given else loader.env_roots()  # as test_identity.py's
+    roots = loader.stack_roots(expect.given)
     for res in results:
         for key, count in res["value"]["wrong"].items():
             if count:

@@ -15,11 +15,12 @@ def shared_compile_cache(expect, monkeypatch) -> str:
     """The compile caches a node's stacks share (#43 item 3): production's main run fills them, the
     candidate's main run compiles on what production left, and production's rollback run compiles on what
     the candidate left, as on a node where both stacks use one TORCHINDUCTOR_CACHE_DIR / TRITON_CACHE_DIR
-    (pytorch#150494, #173679: a newer torch's entries crashed the older one). Without the harness: the
-    process's own caches."""
+    (pytorch#150494, #173679: a newer torch's entries crashed the older one). They live in production's
+    artifacts, which the harness copies to each candidate's directory, where that candidate's rollback runs
+    too. Without the harness: the process's own caches."""
     if expect.artifacts is None:
         return ""
-    root = expect.artifacts / "compile-cache"
+    root = expect.artifacts / "production" / "compile-cache"
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(root / "inductor"))
     monkeypatch.setenv("TRITON_CACHE_DIR", str(root / "triton"))
     return str(root)

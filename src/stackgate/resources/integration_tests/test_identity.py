@@ -221,10 +221,7 @@ def test_each_library_is_mapped_once_from_the_stack(expect) -> None:
     torch.nn.functional.conv2d(torch.randn(1, 3, 16, 16, device=device), torch.randn(4, 3, 3, 3, device=device)).sum().item()
     mapped = loader.what_is_mapped()
     record.environment({"mapped_libraries": mapped})
-    # a stack stackgate built is its venv (in an image too); a given image or interpreter is what the team
-    # has, system libraries included (an NGC-style image's CUDA libraries are its own): there, two copies
-    # of one library still fail, a library from the system does not
-    roots = ["/"] if expect.given else loader.env_roots()
+    roots = loader.stack_roots(expect.given)
     problems = loader.mapped_problems({lib: [f["path"] for f in files] for lib, files in mapped.items()}, roots)
     assert mapped, "no library of the stack is mapped: /proc/self/maps could not be read"
     assert not problems, "; ".join(problems)
@@ -271,7 +268,7 @@ def test_runpath_alone_resolves_and_a_planted_copy_is_caught(expect, tmp_path) -
     planted.mkdir()
     copy = planted / Path(own[0]).name
     shutil.copy2(own[0], copy)
-    roots = ["/"] if expect.given else loader.env_roots()
+    roots = loader.stack_roots(expect.given)
     bare = {k: v for k, v in os.environ.items() if k not in ("LD_LIBRARY_PATH", "LD_PRELOAD")}
     lane = _lane(bare, roots, str(copy))
     record.environment({"runpath_alone": lane["alone"]})
