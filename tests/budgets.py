@@ -42,6 +42,11 @@ def load_budgets(path: Path = BUDGETS) -> Budgets:
     return Budgets({k: float(v) for k, v in data["tier"].items()}, {k: float(v) for k, v in data.get("file", {}).items()})
 
 
+def file_of(nodeid: str) -> str:
+    """The test file of a node id (`tests/unit/test_x.py::test_y[z]` -> `tests/unit/test_x.py`)."""
+    return nodeid.split("::", 1)[0]
+
+
 def tier_of(path: str) -> str:
     """The tier is the directory: tests/<tier>/... (a path relative to the repository)."""
     parts = Path(path).parts
@@ -56,7 +61,7 @@ class Clock:
     tests: dict[str, int] = field(default_factory=lambda: defaultdict(int))
 
     def add(self, report: pytest.TestReport) -> None:
-        path = report.nodeid.split("::", 1)[0]
+        path = file_of(report.nodeid)
         self.seconds[path] += report.duration
         if report.when == "call" or (report.when == "setup" and report.skipped):
             self.tests[path] += 1
@@ -88,7 +93,7 @@ def select_fast(config: pytest.Config, items: list[pytest.Item]) -> None:
     keep: list[pytest.Item] = []
     dropped: list[pytest.Item] = []
     for item in items:
-        (keep if tier_of(item.nodeid.split("::", 1)[0]) == "unit" else dropped).append(item)
+        (keep if tier_of(file_of(item.nodeid)) == "unit" else dropped).append(item)
     if dropped:
         config.hook.pytest_deselected(items=dropped)
     items[:] = keep
@@ -113,10 +118,10 @@ def schedule(config: pytest.Config, items: list[pytest.Item], budgets: Budgets |
         return
     budgets = budgets or load_budgets()
     cost: dict[str, float] = defaultdict(float)
-    for path in {item.nodeid.split("::", 1)[0] for item in items}:
+    for path in {file_of(item.nodeid) for item in items}:
         cost[share_of(path)] += budgets.of(path)
     order = {share: rank for rank, share in enumerate(sorted(cost, key=lambda share: (-cost[share], share)))}
-    items.sort(key=lambda item: order[share_of(item.nodeid.split("::", 1)[0])])  # stable: a share keeps its order
+    items.sort(key=lambda item: order[share_of(file_of(item.nodeid))])  # stable: a share keeps its order
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -129,7 +134,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | 
 
     class ByShare(LoadScopeScheduling):  # type: ignore[misc]
         def _split_scope(self, nodeid: str) -> str:
-            return share_of(nodeid.split("::", 1)[0])
+            return share_of(file_of(nodeid))
 
     return ByShare(config, log)
 

@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from tests.budgets import (
+    file_of,
     pytest_addoption,
     pytest_runtest_logreport,
     pytest_terminal_summary,
@@ -26,7 +27,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     (select with -m); `--fast` keeps the unit tier alone; under pytest-xdist, the longest shares first."""
     select_fast(config, items)
     for item in items:
-        tier = tier_of(item.nodeid.split("::", 1)[0])
+        tier = tier_of(file_of(item.nodeid))
         if tier in ("torch", "docker", "slurm"):
             item.add_marker(getattr(pytest.mark, tier))
     schedule(config, items)

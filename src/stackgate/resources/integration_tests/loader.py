@@ -110,15 +110,22 @@ SYSTEM_OK = {"libstdc++"}
 SYSTEM_DIRS = ("/lib/", "/lib64/", "/usr/lib/", "/usr/lib64/")
 
 
+def mapped_files(maps: str) -> list[str]:
+    """The path of every file-backed mapping of a /proc/<pid>/maps text, as the kernel names it (a file
+    removed since is still named by its path), in the text's order, repeats kept."""
+    out = []
+    for line in maps.splitlines():
+        fields = line.split(maxsplit=5)
+        if len(fields) == 6 and fields[5].startswith("/"):
+            out.append(fields[5].strip().removesuffix(" (deleted)"))
+    return out
+
+
 def mapped_libraries(maps: str) -> dict[str, list[str]]:
     """library -> the distinct files (real paths) of it that a /proc/<pid>/maps text shows mapped.
     A wheel's auditwheel copy (`libgomp-a34b3233.so.1`) is the same library as `libgomp.so.1`."""
     found: dict[str, set[str]] = {}
-    for line in maps.splitlines():
-        fields = line.split(maxsplit=5)
-        if len(fields) < 6 or not fields[5].startswith("/"):
-            continue
-        path = fields[5].strip().removesuffix(" (deleted)")
+    for path in mapped_files(maps):
         match = MAPPED.fullmatch(os.path.basename(path))
         if match:
             found.setdefault(match.group(1), set()).add(os.path.realpath(path))
@@ -160,6 +167,11 @@ def mapped_problems(libraries: dict[str, list[str]], roots: list[str]) -> list[s
             if where == "outside" or (where == "system" and lib not in SYSTEM_OK):
                 out.append(f"{lib} comes from {path}, outside the stack's environment ({', '.join(roots)})")
     return out
+
+
+def paths(mapped: dict[str, list[dict[str, str]]]) -> dict[str, list[str]]:
+    """`what_is_mapped`'s answer as `mapped_problems` takes it: library -> its files' paths."""
+    return {lib: [f["path"] for f in files] for lib, files in mapped.items()}
 
 
 def what_is_mapped() -> dict[str, list[dict[str, str]]]:

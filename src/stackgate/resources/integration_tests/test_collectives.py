@@ -144,8 +144,8 @@ def test_collective_correctness(dist, nproc, expect) -> None:
         for key, count in res["value"]["wrong"].items():
             if count:
                 bad[f"rank{res['rank']}:{key}"] = count
-        mapped = {lib: [f["path"] for f in files] for lib, files in res["value"]["mapped"].items()}
-        loaded += [f"rank {res['rank']}: {problem}" for problem in loader.mapped_problems(mapped, roots)]
+        loaded += [f"rank {res['rank']}: {problem}"
+                   for problem in loader.mapped_problems(loader.paths(res["value"]["mapped"]), roots)]
     world = nproc * nnodes
     record.metric("collective_wrong_elements", sum(bad.values()), "elements", test="collectives", better="equal",
                   world_size=world)

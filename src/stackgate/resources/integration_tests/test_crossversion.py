@@ -97,13 +97,12 @@ def _key_mismatch(state: dict, checkpoint: Path) -> tuple[list[str], list[str]]:
     """(keys the state asks for that the checkpoint lacks, keys the checkpoint holds that the state does
     not ask for), in DCP's flattened names (`model.a.weight`, `optim.state.0.step`)."""
     import torch.distributed.checkpoint as dcp
+    saved = set(dcp.FileSystemReader(str(checkpoint)).read_metadata().state_dict_metadata)
     try:
         from torch.distributed.checkpoint._nested_dict import flatten_state_dict  # what dcp.load flattens with
         wanted = set(flatten_state_dict(state)[0])
-    except ImportError:  # a torch without it: the model's keys alone
+    except ImportError:  # a torch without it: the model's keys alone, on both sides
         wanted = {f"model.{k}" for k in state["model"]}
-    saved = set(dcp.FileSystemReader(str(checkpoint)).read_metadata().state_dict_metadata)
-    if not any(k.startswith("optim.") for k in wanted):
         saved = {k for k in saved if k.startswith("model.")}
     return sorted(wanted - saved), sorted(saved - wanted)
 

@@ -45,7 +45,7 @@ def _loaded_libraries(pattern: str) -> list[str]:
         maps = Path("/proc/self/maps").read_text()
     except OSError:
         return []
-    return sorted({line.split()[-1] for line in maps.splitlines() if re.search(pattern, line.split()[-1] if line.split() else "")})
+    return sorted({path for path in loader.mapped_files(maps) if re.search(pattern, path)})
 
 
 def _cudnn_versions() -> tuple[int | None, int | None]:
@@ -222,7 +222,7 @@ def test_each_library_is_mapped_once_from_the_stack(expect) -> None:
     mapped = loader.what_is_mapped()
     record.environment({"mapped_libraries": mapped})
     roots = loader.stack_roots(expect.given)
-    problems = loader.mapped_problems({lib: [f["path"] for f in files] for lib, files in mapped.items()}, roots)
+    problems = loader.mapped_problems(loader.paths(mapped), roots)
     assert mapped, "no library of the stack is mapped: /proc/self/maps could not be read"
     assert not problems, "; ".join(problems)
 
@@ -275,7 +275,7 @@ def test_runpath_alone_resolves_and_a_planted_copy_is_caught(expect, tmp_path) -
     assert not lane["alone"], "with LD_LIBRARY_PATH unset: " + "; ".join(lane["alone"])
     # what this process maps against what torch's RUNPATH alone resolves: a library that differs is shadowed
     # by LD_LIBRARY_PATH or LD_PRELOAD (a given image's too, whose system libraries are otherwise its own)
-    here = {lib: [f["path"] for f in files] for lib, files in mapped.items()}
+    here = loader.paths(mapped)
     shadowed = [f"{lib}: {', '.join(here[lib])} is mapped here (LD_LIBRARY_PATH={os.environ.get('LD_LIBRARY_PATH', '')!r}, "
                 f"LD_PRELOAD={os.environ.get('LD_PRELOAD', '')!r}), where torch's RUNPATH alone maps {', '.join(paths)}"
                 for lib, paths in lane["mapped"].items() if lib in here and sorted(here[lib]) != sorted(paths)]
