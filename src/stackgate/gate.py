@@ -9,6 +9,7 @@ import datetime as dt
 import fnmatch
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from pathlib import Path
 
 from stackgate import rules
 from stackgate import supply as supply_chain
@@ -30,6 +31,7 @@ from stackgate.model import (
     Verdict,
 )
 from stackgate.policy import Policy, Waiver
+from stackgate.rundir.layout import COMPILE_CACHE, COMPILE_CACHE_VARS, RunDir
 
 
 def _matches(name: str, globs: Sequence[str]) -> bool:
@@ -162,6 +164,9 @@ def _rollback_reasons(cell: Cell, rollback: CellResult | None, production: CellR
         return [], []
     out = []
     known = []
+    caches = RunDir(Path()).stack_artifacts(*cell.comparison_key, cell.stack.label) / COMPILE_CACHE
+    shared = (f"its checkpoints and exports, and the compile caches it filled: "
+              f"{' and '.join(var for var, _ in COMPILE_CACHE_VARS)} in the run's {caches}")
     before = {t.name: t for t in production.tests} if production is not None and production.status.ran_suite else {}
     for t in rollback.tests:
         if t.outcome in ("failed", "error"):
@@ -173,7 +178,7 @@ def _rollback_reasons(cell: Cell, rollback: CellResult | None, production: CellR
                 out.append(Reason(severity, f"pre-existing failure (rollback): fails in production's own run too: "
                                   f"{_first_line(t.message)}", cell=cell.id, test=t.name, kind="preexisting-failure"))
                 continue
-            out.append(Reason(Severity.BLOCKING, f"rollback: production cannot read what the candidate wrote: "
+            out.append(Reason(Severity.BLOCKING, f"rollback: production fails on what the candidate left ({shared}): "
                               f"{_first_line(t.message)}", cell=cell.id, test=t.name, kind="rollback"))
     if rollback.status is Status.SKIPPED:
         out.append(Reason(Severity.INFO, f"rollback phase: {rollback.reason}", cell=cell.id, kind="rollback"))

@@ -306,15 +306,8 @@ def cpu_shares(parts: int, turn: int, cpus: Iterable[int] | None = None) -> list
 
 
 def stack_artifacts(run_dir: Path, cell: Cell) -> Path:
-    """Cross-version artifacts, one directory per candidate stack: production's main run writes
-    `<pool>-<topology>/production-main/production/`; each candidate gets `<pool>-<topology>/<label>/`
-    with a copy of production's artifacts to read and its own `candidate/` to write; that
-    candidate's rollback (production reading it) uses the same directory."""
-    pool, topo = cell.comparison_key
-    group = RunDir(run_dir).artifacts(pool, topo)
-    if cell.role is Role.PRODUCTION:
-        return group / "production-main"
-    return group / cell.stack.label
+    """Cross-version artifacts, one directory per candidate stack (`RunDir.stack_artifacts`)."""
+    return RunDir(run_dir).stack_artifacts(*cell.comparison_key, None if cell.role is Role.PRODUCTION else cell.stack.label)
 
 
 def copy_artifacts(source: Path, target: Path, run_dir: Path) -> tuple[str, ...]:

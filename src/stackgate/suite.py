@@ -24,7 +24,15 @@ from stackgate.junit import missing_nodes, read_junit
 from stackgate.masking import Masker
 from stackgate.model import MAIN, ROLLBACK, Cell, CellResult, Phase, PhaseKind, Status, TestOutcome
 from stackgate.pressure import Pressure
-from stackgate.rundir.layout import JUNIT_GLOB, RECORDS_GLOB, CellDir, RunDir, junit_name, records_file
+from stackgate.rundir.layout import (
+    JUNIT_GLOB,
+    RECORDS_GLOB,
+    CellDir,
+    RunDir,
+    compile_cache_env,
+    junit_name,
+    records_file,
+)
 from stackgate.shipped import BUNDLED_SUITE
 
 RDZV_PORT = 29400  # the c10d rendezvous port of node0 where a cell has a host of its own (containers, Slurm)
@@ -57,8 +65,10 @@ def run_marks(run_id: str, run_dir: Path) -> dict[str, str]:
 def suite_env(cell: Cell, *, results: Path, artifacts: Path, shared: Path, profile: str,
               marks: Mapping[str, str], node_rank: int = 0, endpoint: str = "", phase: Phase = MAIN,
               extra: tuple[tuple[str, str], ...] = ()) -> dict[str, str]:
-    """STACKGATE_* variables: what the cell asked for, where to write, the topology, and the run's marks."""
-    return dict(extra) | dict(marks) | {
+    """STACKGATE_* variables: what the cell asked for, where to write, the topology, and the run's marks;
+    and the compile caches the stacks share (`compile_cache_env`), unless the suite's own variables
+    (`--suite-env`) name others."""
+    return compile_cache_env(artifacts) | dict(extra) | dict(marks) | {
         "STACKGATE_EXPECT_TORCH": cell.stack.torch_public,
         "STACKGATE_EXPECT_CUDA": cell.stack.cuda.tag,
         "STACKGATE_EXPECT_TRANSPORT": cell.pool.transport.value,

@@ -811,3 +811,20 @@ def test_bad_input_that_would_give_a_false_verdict_never_reaches_the_gate(situat
     with pytest.raises(ConfigError) as info:
         situation()
     assert words in str(info.value) and info.value.exit_code is ExitCode.CONFIG
+
+
+def test_a_rollback_failure_names_the_compile_caches_production_ran_on() -> None:
+    """#43 item 3: production's rollback runs on the compile caches the candidate left (the harness points
+    TORCHINDUCTOR_CACHE_DIR and TRITON_CACHE_DIR there); a failure there names them, with where they are in
+    the run directory, whatever the suite's own message says."""
+    rec = selftest.recorded("cuda")
+    s = Situation([rec.production, rec.candidate], dict(rec.results))
+    _rollback(s, Status.FAILED, "1 test(s) failed", (TestOutcome(
+        "test_model.py::test_compiled_matches_eager", "failed", message="AssertionError: Tensor-likes are not close!"),))
+    out = gate.decide(tuple(s.cells), (), s.results, s.policy, TODAY)
+    assert out.verdict.decision is Decision.NO_GO
+    [reason] = [r for r in out.verdict.reasons if r.kind == "rollback"]
+    pool, topology = s.cand.comparison_key
+    where = f"artifacts/{pool}-{topology}/{s.cand.stack.label}/production/compile-cache"
+    assert "TORCHINDUCTOR_CACHE_DIR and TRITON_CACHE_DIR" in reason.message and where in reason.message
+    assert reason.message.endswith("AssertionError: Tensor-likes are not close!")

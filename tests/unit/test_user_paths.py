@@ -55,6 +55,12 @@ def test_fake_gpu_hosts_expand_to_world_sizes_that_fit_them(gpus: int, sizes: tu
         assert env["STACKGATE_STACK_GIVEN"] == ""  # a stack stackgate builds (the identity check's rule: its venv)
         assert env["STACKGATE_RUN_ID"] == "r" and len(env["STACKGATE_RUN_KEY"]) == 16
         assert env["STACKGATE_EXPECT_TRANSPORT"] == "any"  # fleet.toml's declaration for the local pool
+        # the compile caches the stacks share (#43), under the artifacts as the node sees them
+        assert env["TORCHINDUCTOR_CACHE_DIR"] == "/a/production/compile-cache/inductor"
+        assert env["TRITON_CACHE_DIR"] == "/a/production/compile-cache/triton"
+        own = suite.suite_env(cell, results=Path("/r"), artifacts=Path("/a"), shared=Path("/s"), profile="quick",
+                              marks={}, extra=(("TORCHINDUCTOR_CACHE_DIR", "/scratch/inductor"),))
+        assert own["TORCHINDUCTOR_CACHE_DIR"] == "/scratch/inductor"  # a suite's own --suite-env wins
 
 
 def test_cpu_host_and_multi_node_cells_use_the_cells_own_processes() -> None:

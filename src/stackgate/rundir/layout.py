@@ -100,6 +100,13 @@ class RunDir:
         """Cross-version artifacts of one pool and topology (production's, and each candidate's)."""
         return self.root / "artifacts" / f"{pool}-{topology}"
 
+    def stack_artifacts(self, pool: str, topology: str, label: str | None) -> Path:
+        """One stack's cross-version artifacts: production's main run writes `production-main/production/`
+        (`label` None); each candidate stack (its label) gets a directory of its own with a copy of
+        production's artifacts to read, its own `candidate/` to write, and production's rollback
+        against it runs there too."""
+        return self.artifacts(pool, topology) / (label or "production-main")
+
     @property
     def promotion(self) -> Promotion:
         """What `stackgate promote` writes for a GO run: the new production.toml and the locks."""
@@ -206,3 +213,17 @@ def runs_with_results(reports: Path) -> list[str]:
     if not reports.is_dir():
         return []
     return sorted(p.name for p in reports.iterdir() if RunDir(p).results.exists())
+
+
+# The compile caches a node's stacks share (#43): production's main run fills them, a candidate's run
+# compiles on a copy of them (in its own artifacts), and production's rollback against that candidate on
+# what the candidate left there, as on a node where both stacks use one TORCHINDUCTOR_CACHE_DIR and
+# TRITON_CACHE_DIR (pytorch#150494, #173679). Relative to a stack's artifacts directory.
+COMPILE_CACHE = Path("production") / "compile-cache"
+COMPILE_CACHE_VARS = (("TORCHINDUCTOR_CACHE_DIR", "inductor"), ("TRITON_CACHE_DIR", "triton"))
+
+
+def compile_cache_env(artifacts: Path) -> dict[str, str]:
+    """The variables that point a node's torch.compile (inductor) and Triton at the shared caches under
+    `artifacts` (the path as the node sees it)."""
+    return {var: str(artifacts / COMPILE_CACHE / sub) for var, sub in COMPILE_CACHE_VARS}

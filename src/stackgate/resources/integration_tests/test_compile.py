@@ -3,6 +3,7 @@ compile time recorded."""
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -11,19 +12,13 @@ import torch
 
 
 @pytest.fixture
-def shared_compile_cache(expect, monkeypatch) -> str:
-    """The compile caches a node's stacks share (#43 item 3): production's main run fills them, the
-    candidate's main run compiles on what production left, and production's rollback run compiles on what
-    the candidate left, as on a node where both stacks use one TORCHINDUCTOR_CACHE_DIR / TRITON_CACHE_DIR
-    (pytorch#150494, #173679: a newer torch's entries crashed the older one). They live in production's
-    artifacts, which the harness copies to each candidate's directory, where that candidate's rollback runs
-    too. Without the harness: the process's own caches."""
-    if expect.artifacts is None:
-        return ""
-    root = expect.artifacts / "production" / "compile-cache"
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(root / "inductor"))
-    monkeypatch.setenv("TRITON_CACHE_DIR", str(root / "triton"))
-    return str(root)
+def shared_compile_cache(expect) -> str:
+    """Where this run's compile caches are, for messages. Under the harness they are the caches a node's
+    stacks share (#43): it points every node's TORCHINDUCTOR_CACHE_DIR and TRITON_CACHE_DIR at them, so
+    production's main run fills them, the candidate's main run compiles on what production left, and
+    production's rollback run on what the candidate left (pytorch#150494, #173679: a newer torch's
+    entries crashed the older one). Without the harness: the process's own caches, not named."""
+    return os.environ.get("TORCHINDUCTOR_CACHE_DIR", "") if expect.artifacts is not None else ""
 
 
 @pytest.mark.crossversion  # the rollback phase runs it too: production on the candidate's caches
