@@ -29,6 +29,12 @@ def nightly(session: nox.Session) -> None:
 
 
 @nox.session(python=PYTHON)
+def watch(session: nox.Session) -> None:
+    """Re-check production (the last promotion): new advisories, outdated allow-list entries, the rollback (`-- --vuln-db DIR`)."""
+    _stackgate(session, "watch", "--config-dir", "matrix")
+
+
+@nox.session(python=PYTHON)
 def matrix(session: nox.Session) -> None:
     """Print the expanded matrix with the reason for every pruned or not-run cell."""
     _stackgate(session, "matrix", "show")

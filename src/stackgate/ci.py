@@ -42,6 +42,7 @@ class Workflow:
     on: str  # the `on:` block, indented
     env: str  # a job-level `env:` block (inputs reach stackgate as STACKGATE_* variables, never as shell text)
     registry: bool = False  # fleet.toml has [registry]: a build job pushes every stack once, pools pull by digest
+    watch: bool = False  # a job re-checks the production in force (`stackgate watch`)
 
 
 def _build_job(wf: Workflow) -> str:
@@ -132,11 +133,40 @@ def _merge_job(pools: Sequence[RunnerPool], wf: Workflow) -> str:
 """
 
 
+def _watch_job(pool: RunnerPool) -> str:
+    """The nightly's re-check of production (#44), on the runner of the first pool, whose reports
+    directory holds the history and the promoted runs (its workspace is kept between runs: a
+    self-hosted runner's, or restore reports/ from where you keep it first). Findings fail the job."""
+    runs_on = json.dumps(list(pool.runs_on)) if pool.runs_on else '["ubuntu-latest"]'
+    return f"""  watch:
+    name: "watch production: advisories, allow-list, rollback"
+    runs-on: {runs_on}
+    timeout-minutes: 30
+    steps:
+      - uses: actions/checkout@v4
+        with:
+          clean: false
+      - name: Install stackgate
+        run: python3 -m pip install .
+      - name: Re-check the production in force
+        run: stackgate watch --config-dir matrix
+      - name: Upload the watch report
+        if: always()
+        uses: actions/upload-artifact@v4
+        with:
+          name: stackgate-watch
+          path: reports/watch-*
+          if-no-files-found: warn
+"""
+
+
 def render(wf: Workflow, pools: Sequence[RunnerPool]) -> str:
     if not pools:
         raise ConfigError(f"{wf.matrix}: no pool of the matrix declares runs_on in fleet.toml",
                           hint='add runs_on = ["self-hosted", "linux", "<label>"] to each [pool.NAME]')
     jobs = (_build_job(wf) if wf.registry else "") + "".join(_pool_job(p, wf) for p in pools) + _merge_job(pools, wf)
+    if wf.watch:
+        jobs += _watch_job(pools[0])
     return (f"{GENERATED}name: {_q(wf.name)}\n\n{wf.on}\npermissions:\n  contents: read\n\n"
             f"concurrency:\n  group: {_q(wf.filename + '-${{ github.ref }}')}\n  cancel-in-progress: false\n\n"
             f"jobs:\n{jobs}")
@@ -166,7 +196,7 @@ GATE_ON = """on:
 def workflows(pools_of: Mapping[str, Sequence[RunnerPool]], *, registry: bool = False) -> dict[str, str]:
     """filename -> content, for the nightly and the upgrade matrix (by matrix path -> its pools);
     `registry`: fleet.toml configures one, so a build job pushes every stack and the pools pull them."""
-    nightly = Workflow("nightly.yml", "stackgate nightly", "matrix/nightly.toml", NIGHTLY_ON, "", registry)
+    nightly = Workflow("nightly.yml", "stackgate nightly", "matrix/nightly.toml", NIGHTLY_ON, "", registry, watch=True)
     gate = Workflow("upgrade-gate.yml", "stackgate upgrade gate", "matrix/upgrade.toml", GATE_ON,
                     "    env:\n      STACKGATE_CANDIDATE: ${{ inputs.candidate }}\n", registry)
     return {wf.filename: render(wf, pools_of[wf.matrix]) for wf in (nightly, gate)}

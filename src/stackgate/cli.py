@@ -40,6 +40,10 @@ def build_parser() -> argparse.ArgumentParser:
                                                             "production.toml in force before the last promotion")
     options.add_arguments(pro, "promote")
 
+    wa = sub.add_parser("watch", help="re-check production (the last promotion): new advisories, outdated allow-list "
+                                      "entries, and whether its rollback still exists; exit 1 on findings")
+    options.add_arguments(wa, "watch")
+
     mg = sub.add_parser("merge", help="one verdict over the bundles (run directories) of a fleet run")
     mg.add_argument("bundles", nargs="+", metavar="BUNDLE", help="run directories written by `stackgate run --pool`")
     mg.add_argument("--out", metavar="DIR", help="write the merged run here (default reports/<run-id>)")
@@ -165,6 +169,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         if not args.run:
             raise ConfigError("stackgate promote needs the GO run to promote (RUN_DIR or RUN_ID), or --rollback")
         return promote.promote(opts, dict(os.environ), args.run, target)
+    if args.command == "watch":
+        from stackgate.commands.watch import watch
+        opts = options.read({k: v for k, v in vars(args).items() if k != "command"}, os.environ, Path("stackgate.toml"))
+        return watch(opts, dict(os.environ))
     if args.command == "merge":
         from stackgate.commands.merge import merge
         cli = {k: v for k, v in vars(args).items() if k not in ("command", "bundles", "out")}

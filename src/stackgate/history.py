@@ -23,7 +23,10 @@ CREATE TABLE IF NOT EXISTS runs (
 );
 CREATE TABLE IF NOT EXISTS promotions (
   at TEXT, who TEXT, action TEXT, run_id TEXT, stack TEXT, image TEXT, tag TEXT, previous TEXT,
-  production_toml TEXT, previous_toml TEXT
+  production_toml TEXT, previous_toml TEXT, run_dir TEXT DEFAULT ''
+);
+CREATE TABLE IF NOT EXISTS watches (
+  at TEXT, run_id TEXT, check_name TEXT, state TEXT, findings INTEGER, detail TEXT
 );
 CREATE TABLE IF NOT EXISTS calibration (
   pool TEXT, metric TEXT, sigma REAL, pairs INTEGER, run_id TEXT, recorded TEXT,
@@ -49,7 +52,9 @@ TREND_METRICS = ("recsys.step_time", "vit.step_time", "recsys.throughput", "vit.
 RunRow = rows_boundary.RunRow  # a row of `runs`, as `stackgate history` lists it
 
 
-SCHEMA_VERSION = 1  # PRAGMA user_version of what this stackgate writes; a newer database is refused
+# PRAGMA user_version of what this stackgate writes; a newer database is refused. 2: promotions.run_dir
+# (where the promoted run lives: `stackgate watch` reads its report and locks there)
+SCHEMA_VERSION = 2
 
 
 @contextlib.contextmanager
@@ -64,6 +69,9 @@ def connect(path: Path) -> Iterator[sqlite3.Connection]:
                               f"{version}; this one reads up to {SCHEMA_VERSION})",
                               hint="upgrade stackgate, or pass another --history PATH")
         conn.executescript(SCHEMA)
+        columns = [row[1] for row in conn.execute("PRAGMA table_info(promotions)")]
+        if "run_dir" not in columns:  # a version 1 database: its promotions name no run directory
+            conn.execute("ALTER TABLE promotions ADD COLUMN run_dir TEXT DEFAULT ''")
         if version < SCHEMA_VERSION:
             conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         yield conn
@@ -258,7 +266,7 @@ Promotion = rows_boundary.PromotionRow
 
 def record_promotion(path: Path, steps: Sequence[Promotion]) -> None:
     with connect(path) as conn:
-        conn.executemany("INSERT INTO promotions VALUES (?,?,?,?,?,?,?,?,?,?)",
+        conn.executemany("INSERT INTO promotions VALUES (?,?,?,?,?,?,?,?,?,?,?)",
                          [tuple(s.model_dump().values()) for s in steps])
 
 
@@ -269,3 +277,21 @@ def promotions(path: Path) -> list[Promotion]:
     with connect(path) as conn:
         rows = conn.execute("SELECT * FROM promotions ORDER BY rowid").fetchall()
     return rows_boundary.rows(Promotion, rows, "promotions", None)
+
+
+Watch = rows_boundary.WatchRow
+
+
+def record_watch(path: Path, rows: Sequence[Watch]) -> None:
+    """One row per check of a `stackgate watch` (`run_id`: the promoted run it watched)."""
+    with connect(path) as conn:
+        conn.executemany("INSERT INTO watches VALUES (?,?,?,?,?,?)", [tuple(r.model_dump().values()) for r in rows])
+
+
+def watches(path: Path) -> list[Watch]:
+    """Every watch's checks, oldest first: production across time."""
+    if not path.exists():
+        return []
+    with connect(path) as conn:
+        rows = conn.execute("SELECT * FROM watches ORDER BY rowid").fetchall()
+    return rows_boundary.rows(Watch, rows, "watches", None)

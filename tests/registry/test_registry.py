@@ -175,6 +175,7 @@ def _promote_and_roll_back(tmp_path: Path, engine: DockerEngine, image: str, nam
                             capture_output=True, text=True, check=True).stdout
     assert _canonical(freeze) == _canonical("\n".join(tested))  # the tested environment, exactly
 
+    _watch_the_rollback(tmp_path, engine, name, before)
     back = _stackgate(tmp_path, "promote", "--rollback", "--config-dir", "cfg")
     assert back.returncode == 0 and engine.resolve_tag(name, "production") == before
     [rolled] = list((tmp_path / "reports").glob("rollback-*/production.toml"))
@@ -182,6 +183,36 @@ def _promote_and_roll_back(tmp_path: Path, engine: DockerEngine, image: str, nam
     steps = history.promotions(tmp_path / "reports" / "history.sqlite")
     assert [(p.action, p.run_id, p.image) for p in steps] == [("promote", "ab", image), ("rollback", "ab", before)]
     assert all(p.who and p.at for p in steps)
+
+
+def _watch_the_rollback(tmp_path: Path, engine: DockerEngine, name: str, before: str) -> None:
+    """#44: `stackgate watch` after the promotion finds `:production` and `:previous` where the history
+    says (one manifest request each); with `:previous` deleted from the registry, the rollback check
+    names it and what to re-push; pushed again, the rollback below goes on as promoted."""
+    import urllib.request
+
+    def watched() -> dict[str, dict[str, object]]:
+        done = _stackgate(tmp_path, "watch", "--config-dir", "cfg", "--vuln-db", str(ROOT / "tests" / "data" / "osv"))
+        assert done.returncode in (0, 1), done.stderr  # advisories of the image's Debian packages may be found
+        [report] = list((tmp_path / "reports").glob("watch-*/watch.json"))
+        checks = {c["name"]: c for c in json.loads(report.read_text())["checks"]}
+        shutil.rmtree(report.parent)
+        return checks
+
+    checks = watched()
+    assert checks["advisories"]["state"] in ("clean", "findings") and checks["allow-list"]["state"] == "clean"
+    assert checks["rollback"]["state"] == "clean", checks["rollback"]
+    host, _, repository = name.partition("/")
+    digest = before.rpartition("@")[2]
+    request = urllib.request.Request(f"http://{host}/v2/{repository}/manifests/{digest}", method="DELETE")
+    with urllib.request.urlopen(request, timeout=30) as answer:
+        assert answer.status == 202
+    assert engine.manifest_digest(name, "previous") is None
+    checks = watched()
+    [gone] = checks["rollback"]["findings"]
+    assert gone["subject"] == f"{name}:previous" and gone["fix"] == f"re-push {before} as {name}:previous"
+    assert engine.move_tag("stackgate-test/old:1", name, "previous") == before  # the same manifest again
+    assert watched()["rollback"]["state"] == "clean"
 
 
 def _grep_stream(chunks: object, secret: bytes) -> bool:

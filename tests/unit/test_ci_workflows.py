@@ -31,6 +31,7 @@ def test_generated_workflows_follow_the_fleet(tmp_path: Path, monkeypatch: pytes
     assert "stackgate merge bundles/* --matrix matrix/nightly.toml" in nightly
     assert "workflow_call:" in gate and "STACKGATE_CANDIDATE: ${{ inputs.candidate }}" in gate
     assert "${{ inputs.candidate }}\"" not in gate  # inputs never reach a shell as text
+    assert "run: stackgate watch --config-dir matrix" in nightly and "stackgate watch" not in gate  # #44
 
     checker = shutil.which("check-jsonschema")
     if checker is None:

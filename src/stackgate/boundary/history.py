@@ -64,6 +64,16 @@ class PromotionRow(Model):
     previous: Text
     production_toml: Text
     previous_toml: Text
+    run_dir: Text = ""  # the promoted run's directory ("" in a version 1 database)
+
+
+class WatchRow(Model):
+    at: Text
+    run_id: Text
+    check_name: Text
+    state: Text
+    findings: Count
+    detail: Text
 
 
 class Garbage(bytes):

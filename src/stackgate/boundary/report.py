@@ -77,6 +77,25 @@ class ComparisonRow(_Part):
     outcome: Name
 
 
+class KnownFinding(_Part):
+    advisory: Text
+    package: Text
+    aliases: Annotated[list[Text], Items] = Field(default_factory=list)
+
+
+class Scan(_Part):
+    stack: Text = ""
+    scanned: bool = False
+    findings: Annotated[list[KnownFinding], Items] = Field(default_factory=list)
+
+
+class SupplyPair(_Part):
+    """One candidate stack's scan beside production's (`watch` reads what was known at a promotion)."""
+
+    cell: Text = ""
+    candidate: Scan | None = None
+
+
 class Report(_Part):
     schema_version: Annotated[int, Field(ge=1, le=SCHEMA_VERSION)]
     decision: Literal["GO", "NO-GO", "INCONCLUSIVE"]
@@ -86,6 +105,7 @@ class Report(_Part):
     stack_diff: Annotated[list[StackDiffRow], Items] = Field(default_factory=list)
     new_warnings: Annotated[dict[Text, Annotated[list[Text], Items]], Items] = Field(default_factory=dict)
     comparisons: Annotated[list[ComparisonRow], Items] = Field(default_factory=list)
+    supply_chain: Annotated[list[SupplyPair], Items] = Field(default_factory=list)
 
 
 def read(run_dir: Path) -> Report:

@@ -97,7 +97,7 @@ def promote(opts: Options, env: Mapping[str, str], given: str, target: Target = 
     moved = [m for (image, name, tag), before in zip(moves, befores, strict=True)
              for m in ([f"{name}:previous"] if before and before != image else []) + [f"{name}:{tag}"]]
     step = partial(history.Promotion, at=when, who=by, action="promote", run_id=run_id, production_toml=new_production,
-                   previous_toml=previous_toml)
+                   previous_toml=previous_toml, run_dir=str(run_dir))
     steps = [step(stack=",".join(s.label for s in stacks if s.image == image), image=image, tag=f"{name}:{tag}",
                   previous=before or "") for (image, name, tag), before in zip(moves, befores, strict=True)]
     if not steps:
@@ -148,7 +148,7 @@ def rollback(opts: Options, env: Mapping[str, str], target: Target = Target(), s
     history.record_promotion(opts.history, [history.Promotion(
         at=when, who=by, action="rollback", run_id=last.run_id, stack=last.stack, image=back,
         tag=f"{name}:{target.tag}" if name else "", previous=last.image, production_toml=last.previous_toml,
-        previous_toml=last.production_toml)])
+        previous_toml=last.production_toml, run_dir=last.run_dir)])
     say(f"  wrote {out.production_toml} (the production.toml before run {last.run_id} was promoted)")
     return 0
 

@@ -174,6 +174,23 @@ class DockerEngine:
         facts = self.facts(f"{name}:{tag}")
         return next((d for d in facts.repo_digests if d.split("@", 1)[0] == name), None) if facts else None
 
+    def manifest_digest(self, name: str, tag: str) -> str | None:
+        """The digest `name:tag` names in the registry, from its manifest alone (the engine asks the
+        registry, with the client's credentials; nothing is pulled), or None when there is no such tag."""
+        import docker
+        try:
+            found = self.client.api.inspect_distribution(f"{name}:{tag}")
+        except docker.errors.NotFound:
+            return None
+        except docker.errors.APIError as exc:
+            if "manifest unknown" in str(exc) or "not found" in str(exc).lower():
+                return None
+            raise InfraError(f"the registry did not answer for {name}:{tag}: {exc}", hint=_registry_hint(name)) from None
+        digest = found.get("Descriptor", {}).get("digest") if isinstance(found, dict) else None
+        if not isinstance(digest, str) or not digest.startswith("sha256:"):
+            raise InfraError(f"the registry's answer for {name}:{tag} names no digest: {str(found)[:200]}")
+        return digest
+
     def move_tag(self, ref: str, name: str, tag: str) -> str:
         """Point `name:tag` at the image `ref` (already in the registry): its layers are there, so only
         the tag's manifest is written; nothing is rebuilt or uploaded again. The digest it points at."""
