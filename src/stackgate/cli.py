@@ -10,6 +10,7 @@ import signal
 import sys
 import threading
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from stackgate import __version__, fleet, options
@@ -42,7 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     wa = sub.add_parser("watch", help="re-check production (the last promotion): new advisories, outdated allow-list "
                                       "entries, and whether its rollback still exists; exit 1 on findings")
-    options.add_arguments(wa, "watch")
+    options.add_arguments(wa, "run")  # the canary's options: --matrix, --pool, --suite, --backend, --profile, ...
+    wa.add_argument("--no-canary", action="store_true", help="skip the canary run of production (the drift check)")
 
     mg = sub.add_parser("merge", help="one verdict over the bundles (run directories) of a fleet run")
     mg.add_argument("bundles", nargs="+", metavar="BUNDLE", help="run directories written by `stackgate run --pool`")
@@ -170,9 +172,12 @@ def _dispatch(args: argparse.Namespace) -> int:
             raise ConfigError("stackgate promote needs the GO run to promote (RUN_DIR or RUN_ID), or --rollback")
         return promote.promote(opts, dict(os.environ), args.run, target)
     if args.command == "watch":
-        from stackgate.commands.watch import watch
-        opts = options.read({k: v for k, v in vars(args).items() if k != "command"}, os.environ, Path("stackgate.toml"))
-        return watch(opts, dict(os.environ))
+        from stackgate.commands.watch import run_canary, watch
+        opts = options.read({k: v for k, v in vars(args).items() if k not in ("command", "no_canary")}, os.environ,
+                            Path("stackgate.toml"))
+        if opts.sources.get("profile", "default") == "default":  # the canary is short unless told otherwise
+            opts = replace(opts, profile="quick", sources={**opts.sources, "profile": "watch's default"})
+        return watch(opts, dict(os.environ), canary=None if args.no_canary else run_canary)
     if args.command == "merge":
         from stackgate.commands.merge import merge
         cli = {k: v for k, v in vars(args).items() if k not in ("command", "bundles", "out")}

@@ -19,7 +19,7 @@ from stackgate.console import Printer
 from stackgate.errors import ConfigError, ExitCode
 from stackgate.evidence import GateOutcome
 from stackgate.inputs import Loaded
-from stackgate.model import Cell, Decision, Severity, Verdict
+from stackgate.model import Cell, Decision, Role, Severity, Verdict
 from stackgate.options import Options
 from stackgate.report import html_report, json_report, junit, markdown
 from stackgate.report.data import RunReport, counts, now, performance_rows, stack_diffs
@@ -37,7 +37,7 @@ def decide_and_report(opts: Options, env: Mapping[str, str], loaded: Loaded, cho
     database = loaded.policy.supply.database
     scans = supply.scan(chosen.cells, all_results, osv.load(database) if database is not None else None)
     outcome = gate.decide(chosen.cells, chosen.not_here, all_results, loaded.policy, dt.date.today(),
-                          (*read.problems, *extra_problems), scans)
+                          (*read.problems, *extra_problems), scans, _canaries(opts, chosen.cells))
     report = RunReport(
         run_id=run_id, matrix=loaded.spec.name, channel=loaded.spec.channel, started=started, finished=now(),
         gate=outcome, gating_exit_code=loaded.policy.inconclusive_exit_code, cells=chosen.cells,
@@ -81,6 +81,9 @@ def decide_and_report(opts: Options, env: Mapping[str, str], loaded: Loaded, cho
             say(f"  ... and {len(known) - 5} more in report.md")
     for line in performance_lines(outcome):
         say(line)
+    for r in outcome.verdict.reasons:
+        if r.kind == "pool-drift":  # beside the comparisons: the pool moved since production's last canary
+            say(f"  {r.cell}: {r.message}")
     for key, entry in report.power.items():
         if "note" in entry:
             say(f"gate power: {key}: {entry['note']}")
@@ -88,6 +91,15 @@ def decide_and_report(opts: Options, env: Mapping[str, str], loaded: Loaded, cho
         say(line)
     say(f"reports: {run_dir}/report.md report.json junit.xml report.html")
     return code, history_error
+
+
+def _canaries(opts: Options, cells: Sequence[Cell]) -> list[history.Canary]:
+    """The newest watch canary of each production cell of the run (none when the history cannot be read:
+    its failure is reported where the run is recorded)."""
+    try:
+        return history.last_canaries(opts.history, [c.id for c in cells if c.role is Role.PRODUCTION])
+    except (sqlite3.Error, OSError, ConfigError):
+        return []
 
 
 def run_definition(opts: Options) -> str:

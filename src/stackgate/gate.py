@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from stackgate import rules
+from stackgate import history, rules
 from stackgate import supply as supply_chain
 from stackgate.comparison import compare_pair, repeat_pairs
 from stackgate.confirm import confirmation, is_failure, reruns
@@ -40,11 +40,13 @@ def _matches(name: str, globs: Sequence[str]) -> bool:
 
 def decide(cells: Sequence[Cell], not_here: Sequence[NotHere], results: Mapping[str, CellResult],
            policy: Policy, today: dt.date, problems: Sequence[str] = (),
-           supply: Sequence[supply_chain.PairScan] = ()) -> GateOutcome:
+           supply: Sequence[supply_chain.PairScan] = (), canaries: Sequence[history.Canary] = ()) -> GateOutcome:
     """Absence is evidence of nothing: every required cell, required test, gated metric and
     production partner either gives a decision or an INCONCLUSIVE reason naming what is missing.
     `problems` are results lines that could not be read: each makes the verdict INCONCLUSIVE.
-    `supply`: each candidate stack's supply chain beside production's (`supply.scan`)."""
+    `supply`: each candidate stack's supply chain beside production's (`supply.scan`). `canaries`: the
+    newest `stackgate watch` canary of each production cell (`history.last_canaries`): one that found
+    the pool moved is said beside the comparisons of the candidates on that pool, deciding nothing."""
     reasons: list[Reason] = [Reason(Severity.INCONCLUSIVE, problem, kind="bad-record") for problem in problems]
     by_id: dict[str, Cell] = {c.id: c for c in cells}
     required = {c.id for c in cells if c.required}  # resolved once (matrix globs and policy) before the gate
@@ -114,6 +116,11 @@ def decide(cells: Sequence[Cell], not_here: Sequence[NotHere], results: Mapping[
             for w in fresh:
                 reasons.append(Reason(Severity.INFO, f"new in candidate (upgrade work item): {w}", cell=cand.id,
                                       kind="new-warning"))
+        reasons += [Reason(Severity.INFO, f"the pool changed, not the stack: production's canary on pool "
+                                          f"{c.pool} ({c.at}, `stackgate watch`) measured {c.metric} {c.shift:+.1%} "
+                                          f"from its baseline: read this comparison with that in mind",
+                           cell=cand.id, kind="pool-drift")
+                    for c in canaries if c.cell_id == base.id and c.flagged and c.shift is not None]
 
     reasons += supply_chain.reasons(supply, policy.supply)
     if policy.rules_must_match:

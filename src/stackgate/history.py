@@ -28,6 +28,10 @@ CREATE TABLE IF NOT EXISTS promotions (
 CREATE TABLE IF NOT EXISTS watches (
   at TEXT, run_id TEXT, check_name TEXT, state TEXT, findings INTEGER, detail TEXT
 );
+CREATE TABLE IF NOT EXISTS canaries (
+  at TEXT, run_id TEXT, pool TEXT, cell_id TEXT, suite TEXT, profile TEXT, metric TEXT, median REAL,
+  baseline REAL, shift REAL, flagged INTEGER
+);
 CREATE TABLE IF NOT EXISTS calibration (
   pool TEXT, metric TEXT, sigma REAL, pairs INTEGER, run_id TEXT, recorded TEXT,
   PRIMARY KEY (pool, metric, run_id)
@@ -295,3 +299,41 @@ def watches(path: Path) -> list[Watch]:
     with connect(path) as conn:
         rows = conn.execute("SELECT * FROM watches ORDER BY rowid").fetchall()
     return rows_boundary.rows(Watch, rows, "watches", None)
+
+
+Canary = rows_boundary.CanaryRow
+
+
+def record_canary(path: Path, rows: Sequence[Canary]) -> None:
+    """One row per gated metric of a `stackgate watch` canary of production (`baseline`, `shift`: what it
+    was compared with, None before there was enough history; `flagged`: 1 when the pool moved)."""
+    with connect(path) as conn:
+        conn.executemany("INSERT INTO canaries VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                         [tuple(r.model_dump().values()) for r in rows])
+
+
+def canary_baseline(path: Path, *, cell_id: str, suite: str, profile: str, metric: str, limit: int) -> list[float]:
+    """The medians of the last `limit` canaries of this production cell, suite and profile, newest first."""
+    if not path.exists():
+        return []
+    with connect(path) as conn:
+        found = conn.execute("SELECT median FROM canaries WHERE cell_id = ? AND suite = ? AND profile = ? AND metric = ? "
+                             "ORDER BY rowid DESC LIMIT ?", (cell_id, suite, profile, metric, limit)).fetchall()
+    return [float(v) for (v,) in found if isinstance(v, (int, float)) and math.isfinite(v)]
+
+
+def last_canaries(path: Path, cell_ids: Sequence[str]) -> list[Canary]:
+    """The rows of the newest canary of each of these production cells (what a gate run on their pool
+    reads: has the pool moved since?)."""
+    if not path.exists() or not cell_ids:
+        return []
+    out: list[Canary] = []
+    with connect(path) as conn:
+        for cell_id in dict.fromkeys(cell_ids):
+            newest = conn.execute("SELECT run_id FROM canaries WHERE cell_id = ? ORDER BY rowid DESC LIMIT 1",
+                                  (cell_id,)).fetchone()
+            if newest is not None:
+                out += rows_boundary.rows(Canary, conn.execute(
+                    "SELECT * FROM canaries WHERE cell_id = ? AND run_id = ? ORDER BY rowid", (cell_id, newest[0]))
+                    .fetchall(), "canaries", None)
+    return out

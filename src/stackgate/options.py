@@ -199,13 +199,13 @@ class Options:
     matrix: Path = computed(_path, "matrix file, or the name of a bundled matrix (default: the bundled upgrade.toml)",
                             commands=(*RUN_MERGE, *SHOW, "build"))
     config_dir: Path = computed(_path, "directory with compat/fleet/production/policy TOML (default: the bundled "
-                                       "data)", commands=(*RUN_MERGE, *SHOW, "build", "promote", "watch"))
+                                       "data)", commands=(*RUN_MERGE, *SHOW, "build", "promote"))
     policy: Path | None = opt(None, _path, "gate policy file (default: the suite's stackgate-policy.toml, else "
-                                           "<config-dir>/policy.toml for the bundled suite)", commands=(*RUN_MERGE, "watch"))
+                                           "<config-dir>/policy.toml for the bundled suite)", commands=RUN_MERGE)
     vuln_db: Path | None = opt(None, _path, "OSV database on disk (a directory of OSV JSON records or the OSV "
                                             "export's all.zip files) to scan each stack's SBOM against (default: the "
                                             "policy's [vulnerabilities] database; none: not scanned)",
-                               commands=(*RUN_MERGE, "watch"))
+                               commands=RUN_MERGE)
     backend: BackendName = opt("auto", _backend, "how stacks are built and cells run")
     launcher: LauncherName = opt("pool", _launcher, "how cells start: as each pool says in fleet.toml "
                                                                     "(pool), on this machine (local), or as Slurm "
@@ -232,7 +232,7 @@ class Options:
                                                    "the other) or concurrent (both at once, each stack on its own "
                                                    "share of the CPUs) (default: the policy's [performance] pairing)",
                                   commands=RUN_MERGE)
-    reports: Path = opt(Path("reports"), _path, "reports directory", commands=(*RUN_MERGE, "build", "promote", "watch"))
+    reports: Path = opt(Path("reports"), _path, "reports directory", commands=(*RUN_MERGE, "build", "promote"))
     run_id: str | None = opt(None, str, "run id (default: time, matrix and a random suffix)", commands=RUN_MERGE)
     resume: str | None = opt(None, str, "continue a run; finished cells are skipped", metavar="RUN_ID")
     cache_dir: Path = computed(_path, "where environments are cached (default ~/.cache/stackgate)",
@@ -262,7 +262,7 @@ class Options:
     nightly_index: str | None = opt(None, str, "a nightly index with one directory per variant, like PyTorch's "
                                                "(URL/<variant>/torch/...)", commands=(*RUN_MERGE, "build"), metavar="URL")
     history: Path = computed(_path, "history database (default <reports>/history.sqlite)",
-                             commands=(*RUN_MERGE, "history", "promote", "watch"))
+                             commands=(*RUN_MERGE, "history", "promote"))
     rollback: bool = opt(True, _bool, "skip the rollback phase (production reading the candidate's artifacts)",
                          negate="--no-rollback")
     platform_checks: bool = opt(True, _bool, "with --suite: do not add the bundled identity/collective/transport "

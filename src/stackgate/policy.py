@@ -104,6 +104,19 @@ class SupplyRules:
 
 
 @dataclass(frozen=True)
+class DriftRule:
+    """When production's canary on a pool has moved (`[watch]`): its median is more than `tolerance`
+    away from the median of its last `runs` canaries there (of the same suite and profile), and more
+    than `spread_k` times their spread (the median absolute deviation, scaled to a standard deviation),
+    with at least `min_runs` of them recorded."""
+
+    tolerance: float = 0.15
+    runs: int = 10
+    min_runs: int = 5
+    spread_k: float = 3.0
+
+
+@dataclass(frozen=True)
 class Policy:
     path: Path | None
     inconclusive_exit_code: int = 1
@@ -148,6 +161,7 @@ class Policy:
     numerics: tuple[NumericsRule, ...] = ()
     waivers: tuple[Waiver, ...] = ()
     supply: SupplyRules = SupplyRules()
+    drift: DriftRule = DriftRule()  # `stackgate watch`'s canary
     # every performance and numerics rule must match a metric the run recorded (a typo gates nothing);
     # off for the default policy of a user's suite, whose rules come from the bundled suite's
     rules_must_match: bool = True
@@ -225,6 +239,7 @@ def load_policy(path: Path) -> Policy:
         numerics=numerics,
         waivers=waivers + allowed,
         supply=supply,
+        drift=DriftRule(f.watch.drift_tolerance, f.watch.baseline_runs, f.watch.min_baseline_runs, f.watch.spread_k),
     )
 
 

@@ -10,6 +10,8 @@ import fnmatch
 import hashlib
 import html
 import json
+import math
+import statistics
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -19,11 +21,13 @@ from typing import Any, Literal
 from stackgate import osv
 from stackgate.boundary import pylock as pylock_boundary
 from stackgate.history import Promotion
-from stackgate.policy import Waiver
+from stackgate.policy import DriftRule, Waiver
 from stackgate.report.markdown import md_escape
 
-State = Literal["clean", "findings", "not-run"]
-CHECKS = ("advisories", "allow-list", "rollback")
+# clean, findings; not-run: an input is missing (exit 2); skipped: asked not to (--no-canary); recording:
+# the canary's baseline is still being built (fewer earlier canaries than the policy compares with)
+State = Literal["clean", "findings", "not-run", "skipped", "recording"]
+CHECKS = ("advisories", "allow-list", "rollback", "drift")
 
 
 @dataclass(frozen=True)
@@ -223,6 +227,77 @@ def rollback(current: Promoted, earlier: Promoted | None, stacks: Sequence[Produ
         out += _lock_problems(lock, f"the rollback target's {lock.parent.name} (run {earlier.run_id if earlier else '?'})")
     before = f"; the promotion before it: run {earlier.run_id}" if earlier else "; no earlier promotion recorded"
     return _check("rollback", out, f"{len(looked)} tag(s) and lock(s) of run {current.run_id}{before}")
+
+
+# ---------------------------------------------------------------------------------------------- drift
+MAD_TO_SIGMA = 1.4826  # the median absolute deviation of a normal sample, scaled to its standard deviation
+
+
+@dataclass(frozen=True)
+class Measured:
+    """One gated metric of production's canary on a pool: its median, and the medians of the earlier
+    canaries of the same cell, suite and profile (newest first)."""
+
+    pool: str
+    cell_id: str
+    metric: str
+    median: float
+    earlier: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class Shift:
+    baseline: float  # the median of the earlier canaries
+    sigma: float  # their spread: MAD x 1.4826
+    change: float  # (median - baseline) / baseline
+    flagged: bool
+
+
+def shift(m: Measured, rule: DriftRule) -> Shift | None:
+    """How far this canary is from its baseline (the last `rule.runs` canaries), or None with fewer
+    than `rule.min_runs` of them. Flagged: beyond the tolerance AND beyond `spread_k` x the spread, so
+    that neither a small shift on a quiet pool nor one noisy run on a noisy pool raises it."""
+    past = m.earlier[:rule.runs]
+    if len(past) < rule.min_runs:
+        return None
+    base = statistics.median(past)
+    sigma = MAD_TO_SIGMA * statistics.median(abs(v - base) for v in past)
+    change = (m.median - base) / base if base else math.inf
+    return Shift(base, sigma, change, abs(change) > rule.tolerance and abs(m.median - base) > rule.spread_k * sigma)
+
+
+def drift(measured: Sequence[Measured], failed: Sequence[tuple[str, str]], rule: DriftRule) -> Check:
+    """Production's own drift on the pools it ran on here: a canary that moved beyond the rule is "the
+    pool changed, not the stack"; a canary that did not pass its suite (`failed`: cell, why) is a
+    finding of its own."""
+    out = [Finding(f"canary {cell}", f"production's canary {cell} did not pass on this pool: {why}",
+                   "production itself fails here now: look at the pool before gating anything on it")
+           for cell, why in failed]
+    compared = short = 0
+    for m in measured:
+        found = shift(m, rule)
+        if found is None:
+            short += 1
+            continue
+        compared += 1
+        if found.flagged:
+            out.append(Finding(f"pool {m.pool}: {m.metric}",
+                               f"the pool changed, not the stack: production's canary {m.metric} on pool {m.pool} is "
+                               f"{m.median:.4g} against {found.baseline:.4g}, the median of its last "
+                               f"{min(len(m.earlier), rule.runs)} canaries ({found.change:+.1%}; their spread "
+                               f"{found.sigma:.3g}; tolerance {rule.tolerance:.0%} and {rule.spread_k:g} x the spread)",
+                               "look at the pool's machines (driver, clocks, a degraded node) before reading a "
+                               "candidate's comparison on it; the next gate run on this pool says so beside it"))
+    rule_text = (f"median of the last {rule.runs} canaries (at least {rule.min_runs}), MAD spread; flagged beyond "
+                 f"{rule.tolerance:.0%} and {rule.spread_k:g} x the spread")
+    detail = (f"{len(measured)} gated metric(s) of production's canary: {compared} compared, {short} with too few "
+              f"earlier canaries; {rule_text}")
+    if not measured and not failed:
+        return Check("drift", "not-run", "production's canary recorded no gated metric: nothing to compare "
+                                         "(the policy's [[performance.metric]] rules name what is gated)")
+    if not compared and not out:
+        return Check("drift", "recording", detail + ": this canary is recorded toward the baseline")
+    return _check("drift", out, detail)
 
 
 # -------------------------------------------------------------------------------------------- report

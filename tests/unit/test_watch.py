@@ -15,7 +15,8 @@ import pytest
 from stackgate import history, options, shipped
 from stackgate.commands import promote, watch
 from stackgate.errors import ConfigError
-from stackgate.watch import in_force
+from stackgate.policy import DriftRule
+from stackgate.watch import Measured, in_force, shift
 
 REPO = "reg.example/team/stack"
 TESTED = REPO + "@sha256:" + "c" * 64
@@ -85,12 +86,13 @@ def _setup(tmp_path: Path, registry: FakeRegistry, allow: str = "") -> options.O
     return opts
 
 
-def _watch(opts: options.Options, registry: FakeRegistry, db: Path | None) -> tuple[int, dict[str, dict[str, object]]]:
+def _watch(opts: options.Options, registry: FakeRegistry, db: Path | None,
+           canary: watch.Canary | None = None) -> tuple[int, dict[str, dict[str, object]]]:
     if db is not None:
         opts = options.read({"reports": str(opts.reports), "config_dir": str(opts.config_dir), "vuln_db": str(db)},
                             {}, Path("/nonexistent/stackgate.toml"))
     lines: list[str] = []
-    code = watch.watch(opts, {}, say=lines.append, head=lambda: registry.head)
+    code = watch.watch(opts, {}, say=lines.append, head=lambda: registry.head, canary=canary)
     [out] = sorted(opts.reports.glob("watch-*/watch.json"))
     data = json.loads(out.read_text())
     shutil.rmtree(out.parent)
@@ -106,11 +108,12 @@ def test_a_clean_production_is_exit_0_with_every_check_done(tmp_path: Path) -> N
     code, checks = _watch(opts, registry, db)
     assert code == 0, checks
     assert {name: c["state"] for name, c in checks.items()} == {"advisories": "clean", "allow-list": "clean",
-                                                                "rollback": "clean"}
+                                                                "rollback": "clean", "drift": "skipped"}
     assert "1 known then" in str(checks["advisories"]["detail"])  # known at the promotion: not a finding
     rows = history.watches(opts.history)
     assert [(r.check_name, r.state, r.run_id) for r in rows] == [("advisories", "clean", "r1"),
-                                                                 ("allow-list", "clean", "r1"), ("rollback", "clean", "r1")]
+                                                                 ("allow-list", "clean", "r1"), ("rollback", "clean", "r1"),
+                                                                 ("drift", "skipped", "r1")]
 
 
 def test_a_new_advisory_against_a_locked_wheel_names_it_and_its_fix(tmp_path: Path) -> None:
@@ -200,3 +203,71 @@ def test_a_version_1_history_gains_the_run_directory_and_keeps_its_promotions(tm
     history.record_promotion(path, [old.model_copy(update={"at": "t2", "run_id": "r2", "run_dir": "/runs/r2"})])
     assert [(p.run_id, p.run_dir) for p in history.promotions(path)] == [("r1", ""), ("r2", "/runs/r2")]
     assert in_force(history.promotions(path))[-1].run_dir == "/runs/r2"
+
+
+def _canary(medians: list[float], seen: list[tuple[float, ...]]) -> watch.Canary:
+    """A canary that measured `medians` in turn (one per watch), and saw the earlier medians the real
+    one would read from the history (what the watch recorded before)."""
+    def run(opts: options.Options, env: object, console: object) -> watch.CanaryRun:
+        earlier = history.canary_baseline(opts.history, cell_id="prod-local", suite="bundled", profile=opts.profile,
+                                          metric="canary.step_time[clock=cpu]", limit=10)
+        seen.append(tuple(earlier))
+        return watch.CanaryRun(f"canary-{len(seen)}", DriftRule(),
+                               (Measured("local", "prod-local", "canary.step_time[clock=cpu]", medians[len(seen) - 1],
+                                         tuple(earlier)),))
+    return run
+
+
+def test_the_canary_builds_its_baseline_then_flags_a_pool_that_moved(tmp_path: Path) -> None:
+    """Five canaries build the baseline (recording, exit 0); a sixth 30% slower is the pool that changed
+    (exit 1, naming pool, metric and shift); the gate run after it says so beside its comparison."""
+    registry = FakeRegistry()
+    opts = _setup(tmp_path, registry)
+    db = _db(tmp_path / "osv", _advisory("GHSA-other", "pandas", "3.0.0"))
+    medians = [100.0, 102.0, 99.0, 101.0, 100.5, 100.8, 131.0]
+    seen: list[tuple[float, ...]] = []
+    canary = _canary(medians, seen)
+    states = []
+    for _ in medians:
+        code, checks = _watch(opts, registry, db, canary)
+        states.append((code, checks["drift"]["state"]))
+    assert states == [(0, "recording")] * 5 + [(0, "clean"), (1, "findings")]
+    assert seen[-1][:6] == (100.8, 100.5, 101.0, 99.0, 102.0, 100.0)  # newest first, from the history
+    [moved] = checks["drift"]["findings"]
+    assert moved["subject"] == "pool local: canary.step_time[clock=cpu]"
+    assert "the pool changed, not the stack" in moved["message"] and "+30.2%" in moved["message"]
+    [last] = history.last_canaries(opts.history, ["prod-local"])
+    assert last.flagged == 1 and last.baseline == pytest.approx(100.65)
+
+
+def test_a_shift_needs_the_tolerance_and_the_spread() -> None:
+    rule = DriftRule(tolerance=0.15, runs=10, min_runs=5, spread_k=3.0)
+    quiet = (100.0, 101.0, 99.0, 100.0, 100.5, 99.5)
+    assert shift(Measured("p", "c", "m", 100.0, quiet[:4]), rule) is None  # too few earlier canaries
+    assert not shift(Measured("p", "c", "m", 110.0, quiet), rule).flagged  # type: ignore[union-attr]  # within 15%
+    assert shift(Measured("p", "c", "m", 80.0, quiet), rule).flagged  # type: ignore[union-attr]  # faster counts too
+    noisy = (100.0, 70.0, 130.0, 85.0, 120.0, 95.0)
+    assert not shift(Measured("p", "c", "m", 125.0, noisy), rule).flagged  # type: ignore[union-attr]  # its own noise
+
+
+def test_the_gate_run_after_a_moved_canary_says_so_beside_the_comparison_and_decides_nothing() -> None:
+    import datetime as dt
+
+    from stackgate import gate, selftest
+    from stackgate.model import Decision
+    from stackgate.policy import load_policy
+
+    rec = selftest.recorded("cpu")
+    policy = load_policy(shipped.MATRIX_DIR / "policy.toml")
+    row = history.Canary(at="2026-12-06T03:00:00Z", run_id="c1", pool=rec.production.pool.name,
+                         cell_id=rec.production.id, suite="bundled", profile="quick",
+                         metric="recsys.step_time[clock=cpu]", median=131.0, baseline=100.65, shift=0.3016, flagged=1)
+    plain = gate.decide((rec.production, rec.candidate), (), rec.results, policy, dt.date(2026, 12, 7))
+    told = gate.decide((rec.production, rec.candidate), (), rec.results, policy, dt.date(2026, 12, 7), canaries=[row])
+    assert told.verdict.decision is plain.verdict.decision is Decision.GO
+    [said] = [r for r in told.verdict.reasons if r.kind == "pool-drift"]
+    assert said.cell == rec.candidate.id and "the pool changed, not the stack" in said.message
+    assert "+30.2%" in said.message
+    quiet = row.model_copy(update={"flagged": 0, "shift": 0.01})
+    calm = gate.decide((rec.production, rec.candidate), (), rec.results, policy, dt.date(2026, 12, 7), canaries=[quiet])
+    assert not [r for r in calm.verdict.reasons if r.kind == "pool-drift"]

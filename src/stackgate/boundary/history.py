@@ -76,6 +76,20 @@ class WatchRow(Model):
     detail: Text
 
 
+class CanaryRow(Model):
+    at: Text
+    run_id: Text
+    pool: Text
+    cell_id: Text
+    suite: Text
+    profile: Text
+    metric: Text
+    median: Finite
+    baseline: Finite | None  # None: too few earlier canaries to compare with
+    shift: Finite | None
+    flagged: Annotated[int, Field(ge=0, le=1)]
+
+
 class Garbage(bytes):
     """A text cell that is not UTF-8 (sqlite3's text_factory hands these back): no model accepts it."""
 

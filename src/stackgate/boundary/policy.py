@@ -115,6 +115,15 @@ class Size(Model):
     over: SizeRule = "no-go"
 
 
+class Watch(Model):
+    """`stackgate watch`'s canary of production on a pool (#44)."""
+
+    drift_tolerance: Annotated[float, Field(gt=0.0, le=10.0)] = 0.15
+    baseline_runs: Annotated[int, Field(ge=2, le=1000)] = 10
+    min_baseline_runs: Annotated[int, Field(ge=2, le=1000)] = 5
+    spread_k: Annotated[float, Field(ge=0.0, le=100.0)] = 3.0
+
+
 class PolicyFile(Model):
     gate: Gate = Field(default_factory=Gate)
     required: Required = Field(default_factory=Required)
@@ -123,3 +132,4 @@ class PolicyFile(Model):
     waiver: Annotated[list[WaiverRow], Field(max_length=10_000)] = Field(default_factory=list)
     vulnerabilities: Vulnerabilities = Field(default_factory=Vulnerabilities)
     size: Size = Field(default_factory=Size)
+    watch: Watch = Field(default_factory=Watch)

@@ -11,20 +11,19 @@ from functools import partial
 from typing import Any
 
 from stackgate import calibrate as cal
-from stackgate import comparison, history, inputs, masking, rundir
+from stackgate import comparison, history
 from stackgate.backends.base import EnvHandle
 from stackgate.backends.choose import REAL, Machinery
+from stackgate.commands import production_runs
 from stackgate.console import Console, Printer
-from stackgate.errors import ConfigError, InfraError
-from stackgate.model import Cell, CellResult, Role, aa
+from stackgate.errors import InfraError
+from stackgate.model import Cell, CellResult, aa
 from stackgate.options import Options
-from stackgate.plan import plan_envs
 from stackgate.policy import Policy
 from stackgate.repeats import gated_keys, gated_tests
 from stackgate.report.data import now
 from stackgate.report.files import atomic_write
-from stackgate.runner import Attempt, Runner, Unprepared, together_here
-from stackgate.suite import RunContext
+from stackgate.runner import Attempt, Runner, together_here
 
 
 def calibrate(opts: Options, env: Mapping[str, str], *, runs: int, target: float, allow: float,
@@ -32,31 +31,15 @@ def calibrate(opts: Options, env: Mapping[str, str], *, runs: int, target: float
     """`stackgate calibrate`: A/A runs of the production stack on this runner (see `calibrate`)."""
     console = Console(say)
     say = console.say
-    loaded = inputs.load(opts, env, machinery.local())
-    chosen = inputs.select(opts, loaded, shard=False)
-    prods = tuple(c for c in chosen.cells if c.role is Role.PRODUCTION)
-    if not prods:
-        raise ConfigError("no production cell runs on this machine: nothing to calibrate",
-                          hint="pass --pool NAME (this runner's pool) or check --only")
-    deps = inputs.build_suite_deps(opts, loaded, env, say)
-    resolutions = machinery.resolve([p.stack for p in plan_envs(prods)], loaded.table, loaded.host_pip, env, deps)
-    backend = machinery.backend(opts, loaded, env, say, deps)
-    run_id = opts.run_id or rundir.new_run_id(f"{loaded.spec.name}-calibrate")
-    where = rundir.RunDir.of(opts.reports, run_id)
-    run_dir = where.root
-    owner = where.claim()  # a second calibration (or run) of this id exits 2
-    suite = inputs.suite_spec(opts, platform_checks=False, host=env)
-    ctx = RunContext(run_id=run_id, run_dir=run_dir, suite=suite, mask=masking.Masker.of(env, suite.env))
-    runner = Runner(backend, ctx, console, prods, resolutions, gauge=machinery.gauge)
+    runs_here = production_runs.start(opts, env, console, machinery, what="calibrate", name="calibrate")
+    loaded, prods, backend, runner, where = (runs_here.loaded, runs_here.cells, runs_here.backend, runs_here.runner,
+                                             runs_here.where)
+    run_id = where.root.name
     report: dict[str, Any] = {"run_id": run_id, "target": target, "allow": allow, "runs": runs, "pools": {}}
     together = together_here(loaded.policy, backend)
     try:
         for cell in prods:
-            handle = runner.environment(cell)
-            if not isinstance(handle, EnvHandle):
-                why = handle.reason if isinstance(handle, Unprepared) else str(handle)
-                raise InfraError(f"the environment of {cell.stack.label} could not be prepared: {why}",
-                                 hint=f"the installer's log: {runner.log_dir / (cell.stack.label + '.log')}")
+            handle = runs_here.environment(cell)
             found, dropped = _aa_runs(runner, cell, handle, runs, loaded.policy)
             advise = partial(cal.recommend, target=target, allow=allow, confidence=loaded.policy.confidence,
                              confirms=loaded.policy.confirm_repeats > 1)  # for this runner's noise, as measured
@@ -101,8 +84,7 @@ def calibrate(opts: Options, env: Mapping[str, str], *, runs: int, target: float
                                                for n, r, _ in rows]
         atomic_write(where.calibration, json.dumps(report, indent=1))
     finally:
-        backend.close()
-        owner.release()
+        runs_here.close()
     say(f"calibration: {where.calibration}; stored in {opts.history}")
     return 0
 
