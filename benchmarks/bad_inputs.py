@@ -20,7 +20,8 @@ from tests import hostile
 PER_ENTRY = {"suite records -> gate": 2500, "JUnit (node 1 of 2) -> gate": 1000, "results.jsonl -> gate": 2000,
              "OSV record -> scan": 1000, "policy.toml -> load": 1500, "run --dry-run --policy": 300,
              "matrix show": 700, "history": 500, "promote --dry-run": 800, "merge (run.json, results.jsonl)": 150,
-             "stacks.json -> run --stacks": 1000, "fleet.toml -> load": 500, "compat.toml -> load": 500}
+             "stacks.json -> run --stacks": 1000, "fleet.toml -> load": 500, "compat.toml -> load": 500,
+             "watch (pylock.toml, canaries)": 400}
 
 
 def run(entry: str, n: int, seed: int) -> tuple[Counter[str], list[str], float]:

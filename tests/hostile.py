@@ -25,7 +25,7 @@ from unittest import mock
 
 from hypothesis import strategies as st
 
-from stackgate import artifacts, cli, compat, fleet, gate, inputs, options, osv, selftest, shipped, suite
+from stackgate import artifacts, cli, compat, fleet, gate, history, inputs, options, osv, selftest, shipped, suite
 from stackgate.errors import StackgateError
 from stackgate.junit import parse_junit
 from stackgate.model import ROLLBACK, CellResult, Decision, Metric, Role, Status
@@ -444,6 +444,73 @@ def check_history(row: list[Any]) -> str:
     return "ok" if all(c in (0, 1, 2, 3) for c in codes) else f"crash: exit {codes}"
 
 
+WHEEL = b"the tested wheel"
+PYLOCK = ('lock-version = "1.0"\nrequires-python = "==3.11.*"\ncreated-by = "stackgate"\n\n[[packages]]\n'
+          'name = "torch"\nversion = "2.14.1"\n\n[[packages.wheels]]\n'
+          'name = "torch-2.14.1-cp311-cp311-manylinux_2_28_x86_64.whl"\n'
+          'path = "wheels/torch-2.14.1-cp311-cp311-manylinux_2_28_x86_64.whl"\n'
+          f'size = {len(WHEEL)}\nhashes = {{sha256 = "{__import__("hashlib").sha256(WHEEL).hexdigest()}"}}\n')
+
+
+@st.composite
+def watch_worlds(draw: st.DrawFn) -> tuple[bytes, list[Any]]:
+    """A promotion's pylock.toml with hostile values (or bytes), and a hostile row of the canaries table."""
+    lines = PYLOCK.splitlines()
+    values = [i for i, line in enumerate(lines) if "=" in line]
+    for _ in range(draw(st.integers(0, 3))):
+        i = draw(st.sampled_from(values))
+        lines[i] = f"{lines[i].split('=', 1)[0]}= {draw(toml_values())}"
+    text = draw(st.one_of(st.just("\n".join(lines).encode()), st.binary(max_size=40),
+                          st.just(("a = " + _deep(3000)).encode())))
+    cell = st.one_of(st.none(), st.text(max_size=8), st.integers(min_value=-(2**63), max_value=2**63 - 1),
+                     st.floats(allow_nan=True), st.binary(max_size=8))
+    return text, draw(st.lists(cell, min_size=11, max_size=11))
+
+
+def check_watch(world: tuple[bytes, list[Any]]) -> str:
+    """`stackgate watch` on a promotion whose lock is hostile, with a hostile canaries row in the history
+    (which a gate run reads too): an exit code, never a crash; a lock that is not the promoted one is
+    never "clean" for the rollback unless it still names the very wheel by its path and sha256."""
+    lock, row = world
+    with tempfile.TemporaryDirectory() as tmp:
+        run = Path(tmp) / "reports" / "r1"
+        stack = run / "promotion" / "cu130-torch2.14.1-py3.11"
+        (stack / "wheels").mkdir(parents=True)
+        (stack / "pylock.toml").write_bytes(lock)
+        (stack / "wheels" / "torch-2.14.1-cp311-cp311-manylinux_2_28_x86_64.whl").write_bytes(WHEEL)
+        (run / "report.json").write_bytes(report_jsons_valid())
+        db = Path(tmp) / "osv"
+        db.mkdir()
+        (db / "X-1.json").write_text(json.dumps({"id": "X-1", "modified": "2026-12-01T00:00:00Z", "affected": [
+            {"package": {"ecosystem": "PyPI", "name": "pandas"}, "ranges": [{"type": "ECOSYSTEM", "events": [
+                {"introduced": "0"}, {"fixed": "3.0.0"}]}]}]}))
+        path = Path(tmp) / "h.sqlite"
+        history.record_promotion(path, [history.Promotion(
+            at="t", who="w", action="promote", run_id="r1", stack="cu130-torch2.14.1-py3.11", image="", tag="",
+            previous="", production_toml="", previous_toml="", run_dir=str(run))])
+        with contextlib.closing(sqlite3.connect(path)) as conn:
+            conn.execute("INSERT INTO canaries VALUES (?,?,?,?,?,?,?,?,?,?,?)", row)
+            conn.commit()
+        history.last_canaries(path, [str(row[3])])
+        code = _cli(["watch", "--reports", str(Path(tmp) / "reports"), "--history", str(path), "--vuln-db", str(db),
+                     "--config-dir", str(shipped.MATRIX_DIR), "--no-canary"])
+        [out] = list((Path(tmp) / "reports").glob("watch-*/watch.json")) or [None]
+        checks = {c["name"]: c["state"] for c in json.loads(out.read_text())["checks"]} if out else {}
+    if code not in (0, 1, 2, 3):
+        return f"crash: exit {code}"
+    kept = [line for line in PYLOCK.splitlines() if line.startswith(("path =", "hashes ="))]
+    if checks.get("rollback") == "clean" and not all(line in lock.decode(errors="replace") for line in kept):
+        return "false-go"  # a lock that no longer names the tested wheel by path and sha256 passed the rollback
+    return "ok"
+
+
+def report_jsons_valid() -> bytes:
+    env = {"image_digest": "", "stack_packages": ["torch==2.14.1"]}
+    return json.dumps({"schema_version": 1, "decision": "GO", "run": {"id": "r1"}, "cells": [
+        {"id": CAND.id, "role": "candidate", "status": "passed", "device": "cpu",
+         "stack": {"torch": "2.14.1", "cuda": "cu130", "python": "3.11"}, "environment": env}]}).encode()
+
+
 # entry point -> (strategy, check); the order is the table's
 ENTRY_POINTS: dict[str, tuple[Callable[[], st.SearchStrategy[Any]], Callable[[Any], str]]] = {
     "suite records -> gate": (candidate_records, check_records),
@@ -459,4 +526,5 @@ ENTRY_POINTS: dict[str, tuple[Callable[[], st.SearchStrategy[Any]], Callable[[An
     "stacks.json -> run --stacks": (stacks_files, check_stacks),
     "fleet.toml -> load": (config_texts("fleet.toml"), check_loads("fleet.toml")),
     "compat.toml -> load": (config_texts("compat.toml"), check_loads("compat.toml")),
+    "watch (pylock.toml, canaries)": (watch_worlds, check_watch),
 }

@@ -60,6 +60,16 @@ def test_the_checks_can_fail() -> None:
     manifest, lines = hostile._merge_world()
     assert hostile.check_merge((hostile._dump(manifest), b"\n".join(lines) + b"\n")) == "ok"
 
+    # watch: the promoted lock is clean; a lock naming another wheel path is a finding; a rollback check that
+    # says clean to anything is caught
+    got = hostile.check_watch((hostile.PYLOCK.encode(), [None] * 11))
+    assert got == "ok", got
+    moved = hostile.PYLOCK.replace('path = "wheels/', 'path = "elsewhere/').encode()
+    assert hostile.check_watch((moved, [None] * 11)) == "ok"
+    from stackgate import watch as checks
+    with mock.patch.object(checks, "_lock_problems", return_value=[]):
+        assert hostile.check_watch((moved, [None] * 11)) == "false-go"
+
     before, hostile.HANG_S = hostile.HANG_S, 1
     try:
         assert hostile.outcome(forever) == "hang"
