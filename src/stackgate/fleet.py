@@ -101,8 +101,9 @@ def load_pools(path: Path, local: LocalHost) -> dict[str, RunnerPool]:
 
 
 def _slurm(doc: tomlfile.Doc, row: PoolRow, name: str) -> SlurmSpec | None:
-    """`launcher = "slurm"` with its partition/account/constraint; those keys without it are an error."""
-    found = {"partition": row.partition, "account": row.account, "constraint": row.constraint}
+    """`launcher = "slurm"` with its partition/account/constraint/container; those keys without it are an error."""
+    found = {"partition": row.partition, "account": row.account, "constraint": row.constraint,
+             "container": row.container or ""}
     if row.launcher == "local":
         given = [k for k, v in found.items() if v]
         if given:

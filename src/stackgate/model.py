@@ -44,6 +44,9 @@ class SlurmSpec:
     partition: str = ""  # "" = the cluster's default partition
     account: str = ""
     constraint: str = ""
+    # the container runtime of its nodes: each task runs the node's command in the stack's image (by digest)
+    # with "podman", "pyxis" (enroot, `srun --container-image`) or "apptainer"; "" = the stack's venv
+    container: str = ""
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from stackgate.sources import DEBIAN_MIRROR
 T = TypeVar("T")
 BackendName = Literal["auto", "venv", "docker"]
 LauncherName = Literal["pool", "local", "slurm"]
+ContainerName = Literal["podman", "pyxis", "apptainer"]
 ProfileName = Literal["default", "quick"]
 
 
@@ -97,9 +98,13 @@ def _pairing(v: object) -> Pairing:
     return cast(Pairing, _one_of(v, PAIRINGS))
 
 
+def _container(v: object) -> ContainerName:
+    return cast(ContainerName, _one_of(v, get_args(ContainerName)))
+
+
 CHOICES: dict[Callable[[object], object], tuple[str, ...]] = {
     _backend: get_args(BackendName), _launcher: get_args(LauncherName), _profile: get_args(ProfileName),
-    _pairing: PAIRINGS}
+    _pairing: PAIRINGS, _container: get_args(ContainerName)}
 
 
 MAX_TIMEOUT_S = 7 * 24 * 3600.0
@@ -210,6 +215,9 @@ class Options:
     launcher: LauncherName = opt("pool", _launcher, "how cells start: as each pool says in fleet.toml "
                                                                     "(pool), on this machine (local), or as Slurm "
                                                                     "jobs (slurm)")
+    container: ContainerName | None = opt(None, _container, "the container runtime on the nodes of every Slurm pool "
+                                                             "of the run (fleet.toml: container): each task runs "
+                                                             "the stack's image, by digest")
     candidate: str | None = opt(None, str, "candidate torch version (replaces the matrix's torch axis)",
                                 commands=(*RUN_MERGE, *SHOW, "build"))
     pool: tuple[str, ...] = opt((), _list, "this runner belongs to pool NAME: run exactly that pool's cells "

@@ -134,13 +134,21 @@ def test_an_interrupt_cancels_the_job(tmp_path: Path) -> None:
     assert backend.cancelled
 
 
-def test_images_on_slurm_nodes_are_refused_clearly() -> None:
-    class Docker(MemoryBackend):
-        pass
+def test_images_on_slurm_nodes_need_a_container_runtime_and_a_runtime_needs_images(tmp_path: Path) -> None:
+    """#42: the docker backend's images run on Slurm nodes only through a container runtime; a runtime
+    with the venv backend has no image to run: each is exit 2 naming the pool, before any job."""
+    from stackgate.backends.base import Execution
 
-    docker = Docker(name="docker")
-    with pytest.raises(ConfigError, match="images on Slurm nodes"):
-        slurm.SlurmBackend(docker, forced=None, env={})
+    stack = Stack(parse_torch("2.13.0"), CudaVariant("cpu"), "3.11")
+    cell = Cell(stack, RunnerPool("hpc", None, GpuClass.NONE, slurm=SlurmSpec(), is_local=True), Topology(1, 2),
+                Role.CANDIDATE)
+    exe = Execution(cell, tmp_path, tmp_path, tmp_path, tmp_path, "t")
+    for inner, container, message in ((MemoryBackend(name="docker"), "", "need a container runtime"),
+                                      (MemoryBackend(name="venv"), "podman", "backend prepares venvs")):
+        backend = slurm.SlurmBackend(inner, forced=None, env={}, container=container)
+        with pytest.raises(ConfigError, match=message) as caught:
+            backend.layout(inner.prepare(stack, tmp_path / "b.log"), exe)
+        assert "pool hpc" in str(caught.value)
 
 
 def test_a_node_script_runs_with_the_allow_list_not_the_submitting_hosts_environment(tmp_path: Path) -> None:

@@ -5,7 +5,7 @@ detection. The unit tier passes a `Machinery` that starts nothing; no module glo
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from stackgate import artifacts, fleet, given, pressure, resolve
 from stackgate.backends.base import Backend
@@ -34,7 +34,8 @@ def make_backend(opts: Options, loaded: Loaded, env: Mapping[str, str], say: Pri
         backend = Routed(backend, HostBackend(opts.cache_dir, loaded.table, loaded.host_pip, env, deps=deps, say=say))
     if slurm_pools(opts, loaded):
         from stackgate.backends.slurm import SlurmBackend
-        return SlurmBackend(backend, forced=SlurmSpec() if opts.launcher == "slurm" else None, env=env, say=say)
+        return SlurmBackend(backend, forced=SlurmSpec() if opts.launcher == "slurm" else None, env=env, say=say,
+                            container=opts.container or "")
     return backend
 
 
@@ -50,9 +51,21 @@ def environment_backend(opts: Options, loaded: Loaded, env: Mapping[str, str], s
     """`docker` when asked for, or by default whenever an engine answers (and cells start locally);
     `venv` otherwise (with a notice)."""
     from stackgate.backends.venv import VenvBackend
-    if opts.backend == "auto" and slurm_pools(opts, loaded):
+    remote = slurm_pools(opts, loaded)
+    in_images = opts.container is not None or any(
+        (p := loaded.pools[n].slurm) is not None and p.container for n in remote)
+    if opts.backend == "auto" and remote and not in_images:
         say("notice: Slurm jobs run the stack's venv on the nodes: using the venv backend")
         return VenvBackend(opts.cache_dir, loaded.table, loaded.host_pip, env, deps=deps, say=say)
+    if in_images and remote and opts.backend == "venv":
+        raise ConfigError("a container runtime on the Slurm nodes runs the stack's image: --backend venv prepares "
+                          "venvs", hint="use --backend docker (or auto), or drop --container / the pool's container")
+    if remote and not in_images and opts.backend == "docker":
+        raise ConfigError("--backend docker with Slurm jobs: the nodes need a container runtime to run the stack's image",
+                          hint='set container = "podman" | "pyxis" | "apptainer" for the pool in fleet.toml (or '
+                               "--container RUNTIME), or use --backend venv (or auto)")
+    if in_images and remote and opts.backend == "auto":
+        opts = replace(opts, backend="docker")  # the nodes' container runtime runs the stack's image
     images = opts.candidate_image is not None or opts.production_image is not None
     if (opts.stacks is not None or images) and opts.backend == "venv":
         raise ConfigError(f"{'--stacks' if opts.stacks else '--candidate-image / --production-image'} names images: "

@@ -22,7 +22,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from stackgate import masking, pressure, proc
+from stackgate.backends import containers
 from stackgate.backends.base import Backend, Described, EnvHandle, Execution, free_port
+from stackgate.backends.docker.layout import VENV
 from stackgate.errors import ConfigError, InfraError
 from stackgate.model import Cell, SlurmSpec, Stack
 from stackgate.rundir.layout import CellDir
@@ -57,14 +59,24 @@ def time_limit(seconds: float) -> int:
     return max(1, math.ceil(seconds / 60))
 
 
-def node_script(command: NodeCommand, multi_node: bool) -> str:
-    """What task `command.node` runs: the node's environment and argv, exactly as planned."""
-    lines = ["#!/bin/bash", f"# node {command.node}, {command.label}: written by stackgate", f"cd {shlex.quote(str(command.cwd))}"]
+def node_script(command: NodeCommand, multi_node: bool, container: containers.Container | None = None) -> str:
+    """What task `command.node` runs: the node's environment and argv, exactly as planned; with a
+    container runtime, in the stack's image, with only the plan's variables passed in (by name, for
+    podman, so that no value is on a command line; as APPTAINERENV_* for Apptainer's --cleanenv)."""
+    runs_outside = container is not None and container.runtime != "pyxis"  # pyxis: the task is in the image
+    lines = ["#!/bin/bash", f"# node {command.node}, {command.label}: written by stackgate"]
+    if not runs_outside:
+        lines.append(f"cd {shlex.quote(str(command.cwd))}")
     lines += _allow_list()
     lines += [f"export {key}={shlex.quote(value)}" for key, value in sorted(command.env.items())]
     if multi_node:
         lines.append(f'export STACKGATE_RDZV_ENDPOINT="${ENDPOINT}"')
-    lines.append("exec " + shlex.join(command.argv))
+    if container is None or not runs_outside:
+        lines.append("exec " + shlex.join(command.argv))
+    elif container.runtime == "apptainer":
+        lines += containers.apptainer(command, container, multi_node)
+    else:
+        lines += containers.podman(command, container, multi_node)
     return "\n".join(lines) + "\n"
 
 
@@ -82,8 +94,13 @@ def _allow_list() -> list[str]:
             "shopt -u nocasematch"]
 
 
+# podman's own failures (125: the image could not be pulled or the container not created) and our
+# script's "the runtime is not installed" (127); Apptainer says 255 when it cannot fetch or start the image
+RUNTIME_FAILED = (125, 127, 255)
+
+
 def job_script(cell: Cell, spec: SlurmSpec, *, name: str, label: str, scripts: Path, workdir: Path,
-               seconds: float, port: int) -> str:
+               seconds: float, port: int, container: containers.Container | None = None) -> str:
     """The batch script of one invocation of a cell (its sbatch options as #SBATCH lines)."""
     nodes = cell.topology.nodes
     options = [f"--job-name={name}", f"--nodes={nodes}", "--ntasks-per-node=1", f"--time={time_limit(seconds)}",
@@ -97,13 +114,26 @@ def job_script(cell: Cell, spec: SlurmSpec, *, name: str, label: str, scripts: P
             f"sg_snapshot > {node}.pressure-end")  # the node's own interference over its command
     body = [
         "#!/bin/bash",
-        f"# stackgate: cell {cell.id}, invocation {label}, {nodes} node(s)",
+        f"# stackgate: cell {cell.id}, invocation {label}, {nodes} node(s)"
+        + (f", in the image {container.image} ({container.runtime})" if container is not None else ""),
         *(f"#SBATCH {o}" for o in options),
         'head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
         "addr=$(scontrol show node -o \"$head\" 2>/dev/null | grep -o 'NodeAddr=[^ ]*' | cut -d= -f2)",
         f'export {ENDPOINT}="${{addr:-$head}}:{port}"',
+    ]
+    if container is not None and container.runtime == "podman":
+        # every node pulls the image first, as a step of its own: the suite's nodes then start together (a
+        # node still pulling gigabytes would miss the others' rendezvous); what each pull ended with is
+        # read by its node's script
+        pull = containers.pull(container, f"{node}.pulled")
+        body.append(f"srun --nodes={nodes} --ntasks-per-node=1 --kill-on-bad-exit=0 --open-mode=append "
+                    f"--output={shlex.quote(str(workdir))}/node%n.log bash -c {shlex.quote(pull)}")
+    body += [
         f"srun --nodes={nodes} --ntasks-per-node=1 --kill-on-bad-exit=0 --open-mode=append "
-        f"--output={shlex.quote(str(workdir))}/node%n.log bash -c {shlex.quote(task)}",
+        f"--output={shlex.quote(str(workdir))}/node%n.log "
+        + "".join(f"{shlex.quote(o)} " for o in (containers.pyxis_options(container, scripts)
+                                                 if container is not None and container.runtime == "pyxis" else []))
+        + f"bash -c {shlex.quote(task)}",
     ]
     return "\n".join(body) + "\n"
 
@@ -130,16 +160,16 @@ def parse_sacct(text: str) -> JobState | None:
 
 
 def render(spec: SlurmSpec, commands: Sequence[NodeCommand], exe: Execution, *, seconds: float,
-           port: int | None = None) -> dict[str, str]:
+           port: int | None = None, container: containers.Container | None = None) -> dict[str, str]:
     """The files of one invocation's job, by name (in the cell's `slurm/` directory): the batch
     script and one script per node. `execute` writes them; `stackgate run --dry-run` prints them."""
     label = commands[0].label
     scripts = CellDir(exe.workdir).slurm
     files = {f"job-{label}.sbatch": job_script(exe.cell, spec, name=f"sg-{exe.tag}-{label}", label=label,
                                                scripts=scripts, workdir=exe.workdir, seconds=seconds,
-                                               port=port if port is not None else free_port())}
+                                               port=port if port is not None else free_port(), container=container)}
     for command in commands:
-        files[f"node{command.node}-{label}.sh"] = node_script(command, len(commands) > 1)
+        files[f"node{command.node}-{label}.sh"] = node_script(command, len(commands) > 1, container)
     return files
 
 
@@ -151,24 +181,45 @@ class SlurmBackend:
     runs_plain = False
 
     def __init__(self, inner: Backend, *, forced: SlurmSpec | None, env: Mapping[str, str],
-                 say: Callable[[str], None] = print) -> None:
-        if inner.name == "docker":
-            raise ConfigError("the Slurm launcher runs the stack's venv on the nodes; images on Slurm nodes "
-                              "(docker run per node) are not supported yet", hint="use --backend venv (or auto)")
+                 say: Callable[[str], None] = print, container: str = "") -> None:
         self.inner = inner
         self.forced = forced
+        self.container = container  # --container: the runtime of every Slurm pool's nodes
         self.env = dict(env)
         self.say = say
+
+    def spec(self, cell: Cell) -> SlurmSpec | None:
+        """The cell's Slurm settings, with the run's --container over its pool's."""
+        spec = spec_for(cell, self.forced)
+        if spec is None or not self.container:
+            return spec
+        return replace(spec, container=self.container)
 
     def prepare(self, stack: Stack, log_path: Path) -> EnvHandle:
         return self.inner.prepare(stack, log_path)
 
     def layout(self, handle: EnvHandle, exe: Execution) -> Layout:
         layout = self.inner.layout(handle, exe)
-        if spec_for(exe.cell, self.forced) is None:
+        spec = self.spec(exe.cell)
+        if spec is None:
             return layout
-        return Layout(python=layout.python, out=layout.out, artifacts=layout.artifacts, shared=layout.shared,
+        containers.check_pairing(spec, self.inner.name, exe.cell)
+        python = layout.python
+        if spec.container and not python.startswith("/"):  # a runtime may hand the task the host's PATH (pyxis)
+            python = str(VENV / "bin" / "python")  # a built stack image's
+        return Layout(python=python, out=layout.out, artifacts=layout.artifacts, shared=layout.shared,
                       suite=layout.suite, bundled=layout.bundled, endpoint=f"${ENDPOINT}")
+
+    def container_of(self, handle: EnvHandle, exe: Execution, spec: SlurmSpec) -> containers.Container | None:
+        """How the nodes run the stack's image (the image's digest when it has one), or None: its venv."""
+        if not spec.container:
+            return None
+        mounts = getattr(self.inner, "mounts", None)
+        if mounts is None:
+            raise ConfigError(f"container = \"{spec.container}\" runs the stack's image: it needs the docker backend")
+        image = str(handle.sbom.get("digest") or handle.ref)
+        return containers.Container(spec.container, image, tuple(mounts(handle, exe)), gpu=exe.cell.device == "cuda",
+                         name=f"sg-{exe.tag}")
 
     def describe(self, handle: EnvHandle) -> Described:
         return {**self.inner.describe(handle), "launcher": "slurm"}
@@ -178,16 +229,18 @@ class SlurmBackend:
 
     def execute(self, handle: EnvHandle, commands: Sequence[NodeCommand], deadline: float,
                 exe: Execution) -> tuple[NodeExit, ...]:
-        spec = spec_for(exe.cell, self.forced)
+        spec = self.spec(exe.cell)
         if spec is None or not commands:
             return self.inner.execute(handle, commands, deadline, exe)
+        container = self.container_of(handle, exe, spec)
         label = commands[0].label
         scripts = CellDir(exe.workdir).slurm
         scripts.mkdir(exist_ok=True)
-        for name, text in render(spec, commands, exe, seconds=max(deadline - time.monotonic(), 1)).items():
+        for name, text in render(spec, commands, exe, seconds=max(deadline - time.monotonic(), 1),
+                                 container=container).items():
             (scripts / name).write_text(text)
         for command in commands:
-            for suffix in ("exit", "pressure-start", "pressure-end"):
+            for suffix in ("exit", "pressure-start", "pressure-end", "pulled"):
                 (scripts / f"node{command.node}-{label}.{suffix}").unlink(missing_ok=True)
         batch = scripts / f"job-{label}.sbatch"
         job = self._submit(batch)
@@ -198,7 +251,7 @@ class SlurmBackend:
         except BaseException:
             self._cancel(job)
             raise
-        return self._exits(job, state, commands, scripts, label, exe)
+        return self._exits(job, state, commands, scripts, label, exe, container)
 
     # ------------------------------------------------------------------------------------ slurm
     def _command(self, argv: Sequence[str], what: str) -> proc.ProcResult:
@@ -262,7 +315,7 @@ class SlurmBackend:
             proc.run(["scancel", job], env=self.env, timeout_s=30)
 
     def _exits(self, job: str, state: JobState, commands: Sequence[NodeCommand], scripts: Path, label: str,
-               exe: Execution) -> tuple[NodeExit, ...]:
+               exe: Execution, container: containers.Container | None = None) -> tuple[NodeExit, ...]:
         word = state.state.split()[0]
         if word in _MACHINERY:
             raise InfraError(f"slurm job {job} ended {word} ({state.reason}): the cluster failed, not the stack")
@@ -278,12 +331,28 @@ class SlurmBackend:
             tail = "\n".join(log.read_text(errors="replace").splitlines()[-200:]) if log.exists() else ""
             if code is None:  # the task never finished: killed with its job
                 code = -9
+            if container is not None and code in containers.RUNTIME_FAILED and word != "TIMEOUT":
+                raise InfraError(f"slurm job {job}, node {command.node} ({_node_name(scripts, command.node, label)}): "
+                                 f"{container.runtime} could not run the stack's image {container.image} (exit {code}): "
+                                 f"{_last_lines(tail)}", hint="the node must reach the registry and hold the runtime; "
+                                                              "the image is named by digest in stacks.json")
             out.append(NodeExit(command.node, f"slurm job {job} node {command.node}", code,
                                 timed_out=word == "TIMEOUT", oom_killed=word == "OUT_OF_MEMORY",
                                 tail=tail + f"\n[stackgate] slurm job {job}: {state.state} exit {state.exit_code}:"
                                             f"{state.signal} {state.reason}".rstrip(),
                                 pressure=node_pressure(scripts, command.node, label)))
         return tuple(out)
+
+
+def _last_lines(text: str, n: int = 4) -> str:
+    lines = [line for line in text.splitlines() if line.strip() and not line.startswith("[stackgate] slurm job")]
+    return " / ".join(lines[-n:])[-600:]
+
+
+def _node_name(scripts: Path, node: int, label: str) -> str:
+    start = scripts / f"node{node}-{label}.pressure-start"
+    name = pressure.snapshot_node(start.read_text(errors="replace")) if start.is_file() else ""
+    return name or f"node {node}"
 
 
 def node_pressure(scripts: Path, node: int, label: str) -> pressure.Pressure:

@@ -29,6 +29,7 @@ class PoolRow(Model):
     partition: Name = ""
     account: Name = ""
     constraint: Text = ""
+    container: Literal["podman", "pyxis", "apptainer"] | None = None
 
 
 class RegistryTable(Model):

@@ -304,19 +304,16 @@ class DockerBackend:
                       suite=Path(inside.SUITE), bundled=Path(bundled),
                       endpoint=f"node0:{RDZV_PORT}" if exe.cell.topology.nodes > 1 else "")
 
+    def mounts(self, handle: EnvHandle, exe: Execution) -> list[tuple[str, str, str]]:
+        return node_mounts(exe, self.suite_dir, handle.sbom.get("suite_prefix") or "")
+
     def execute(self, handle: EnvHandle, commands: Sequence[NodeCommand], deadline: float,
                 exe: Execution) -> tuple[NodeExit, ...]:
         """One container per node on a network of the cell's own (a bridge: torchrun's standalone
         rendezvous needs a resolvable hostname, which `--network none` does not give)."""
-        mounts = [(str(exe.workdir), str(inside.OUT), "rw"), (str(exe.artifacts), str(inside.ARTIFACTS), "rw"),
-                  (str(exe.shared), str(inside.SHARED), "rw")]
-        mounts.append((str(exe.suite), str(inside.SUITE), "ro"))
+        mounts = self.mounts(handle, exe)
         prefix = handle.sbom.get("suite_prefix")
-        if prefix:  # a given image: what the suite needs and it lacks, read-only, on PYTHONPATH
-            mounts.append((prefix, str(inside.PREFIX), "ro"))
         python = handle.sbom.get("interpreter") or "python"
-        if exe.suite != self.suite_dir.resolve():
-            mounts.append((str(self.suite_dir.resolve()), str(inside.BUNDLED_SUITE), "ro"))
         label = commands[0].label if commands else "none"
         reports = [leftovers_name(c.node, c.label) for c in commands]
         # the fidelity rerun runs the command itself, without the node init that reports leftovers
@@ -352,6 +349,20 @@ class DockerBackend:
 
     def close(self) -> None:
         return None
+
+
+def node_mounts(exe: Execution, bundled: Path, prefix: str = "") -> list[tuple[str, str, str]]:
+    """(host path, container path, rw|ro) of a node container: the cell's directories, the suite
+    read-only (and the bundled one beside a user's), what a given image lacks (`prefix`). Any container
+    runtime that runs the layout's paths mounts these (Slurm's, on its nodes, too)."""
+    mounts = [(str(exe.workdir), str(inside.OUT), "rw"), (str(exe.artifacts), str(inside.ARTIFACTS), "rw"),
+              (str(exe.shared), str(inside.SHARED), "rw")]
+    mounts.append((str(exe.suite), str(inside.SUITE), "ro"))
+    if prefix:  # a given image: what the suite needs and it lacks, read-only, on PYTHONPATH
+        mounts.append((prefix, str(inside.PREFIX), "ro"))
+    if exe.suite != bundled.resolve():
+        mounts.append((str(bundled.resolve()), str(inside.BUNDLED_SUITE), "ro"))
+    return mounts
 
 
 def _conflict(output: str) -> str:
