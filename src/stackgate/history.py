@@ -13,6 +13,7 @@ from pathlib import Path
 
 from stackgate.boundary import history as rows_boundary
 from stackgate.boundary.environment import Environment
+from stackgate.boundary.history import Row
 from stackgate.errors import ConfigError
 from stackgate.model import MAIN, CellResult
 
@@ -274,13 +275,18 @@ def record_promotion(path: Path, steps: Sequence[Promotion]) -> None:
                          [tuple(s.model_dump().values()) for s in steps])
 
 
-def promotions(path: Path) -> list[Promotion]:
-    """Every promotion and rollback, oldest first."""
+def _all(path: Path, kind: type[Row], table: str) -> list[Row]:
+    """Every row of `table` (a name of this module's schema), oldest first, as `kind`."""
     if not path.exists():
         return []
     with connect(path) as conn:
-        rows = conn.execute("SELECT * FROM promotions ORDER BY rowid").fetchall()
-    return rows_boundary.rows(Promotion, rows, "promotions", None)
+        rows = conn.execute(f"SELECT * FROM {table} ORDER BY rowid").fetchall()
+    return rows_boundary.rows(kind, rows, table, None)
+
+
+def promotions(path: Path) -> list[Promotion]:
+    """Every promotion and rollback, oldest first."""
+    return _all(path, Promotion, "promotions")
 
 
 Watch = rows_boundary.WatchRow
@@ -294,11 +300,7 @@ def record_watch(path: Path, rows: Sequence[Watch]) -> None:
 
 def watches(path: Path) -> list[Watch]:
     """Every watch's checks, oldest first: production across time."""
-    if not path.exists():
-        return []
-    with connect(path) as conn:
-        rows = conn.execute("SELECT * FROM watches ORDER BY rowid").fetchall()
-    return rows_boundary.rows(Watch, rows, "watches", None)
+    return _all(path, Watch, "watches")
 
 
 Canary = rows_boundary.CanaryRow

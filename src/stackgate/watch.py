@@ -7,7 +7,6 @@ candidate. `commands/watch.py` gathers the inputs, `report` renders what they fo
 from __future__ import annotations
 
 import fnmatch
-import hashlib
 import html
 import json
 import math
@@ -21,6 +20,7 @@ from typing import Any, Literal
 from stackgate import osv
 from stackgate.boundary import pylock as pylock_boundary
 from stackgate.history import Promotion
+from stackgate.installer import file_sha256
 from stackgate.policy import DriftRule, Waiver
 from stackgate.report.markdown import md_escape
 
@@ -165,14 +165,6 @@ def outdated_allowances(stacks: Sequence[ProductionStack], allow: Sequence[Waive
 Head = Callable[[str, str], "str | None"]  # (repository, tag) -> the digest it names, or None: no such tag
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _lock_problems(lock: Path, what: str) -> list[Finding]:
     """A venv stack rolls out (and back) from its lock and the wheels beside it: each must be there,
     byte for byte."""
@@ -186,7 +178,7 @@ def _lock_problems(lock: Path, what: str) -> list[Finding]:
             if not path.is_file():
                 out.append(Finding(str(path), f"{what}: {wheel.name} ({package.name} {package.version}) is gone",
                                    "restore it from the promotion's backup (its sha256 is in the lock)"))
-            elif _sha256(path) != wheel.hashes.sha256:
+            elif file_sha256(path) != wheel.hashes.sha256:
                 out.append(Finding(str(path), f"{what}: {wheel.name} is not the wheel the lock names (sha256 "
                                               "differs)", "restore the tested wheel; never install this one"))
     return out
