@@ -24,9 +24,10 @@ from stackgate.installer import file_sha256
 from stackgate.policy import DriftRule, Waiver
 from stackgate.report.markdown import md_escape
 
-# clean, findings; not-run: an input is missing (exit 2); skipped: asked not to (--no-canary); recording:
-# the canary's baseline is still being built (fewer earlier canaries than the policy compares with)
-State = Literal["clean", "findings", "not-run", "skipped", "recording"]
+# clean, findings; not-run: an input is missing (exit 2); error: the infrastructure failed it (exit 3);
+# skipped: asked not to (--no-canary); recording: the canary's baseline is still being built (fewer
+# earlier canaries than the policy compares with)
+State = Literal["clean", "findings", "not-run", "error", "skipped", "recording"]
 CHECKS = ("advisories", "allow-list", "rollback", "drift")
 
 
@@ -301,7 +302,10 @@ class WatchReport:
 
     @property
     def exit_code(self) -> int:
-        """0 clean, 1 findings, 2 a check could not run (its input is missing: configuration)."""
+        """0 clean, 1 findings, 2 a check could not run (its input is missing: configuration), 3 the
+        infrastructure failed one (the canary's environment, say)."""
+        if any(c.state == "error" for c in self.checks):
+            return 3
         if any(c.state == "not-run" for c in self.checks):
             return 2
         return 1 if any(c.findings for c in self.checks) else 0
@@ -309,7 +313,7 @@ class WatchReport:
     @property
     def summary(self) -> str:
         findings = sum(len(c.findings) for c in self.checks)
-        not_run = [c.name for c in self.checks if c.state == "not-run"]
+        not_run = [c.name for c in self.checks if c.state in ("not-run", "error")]
         return (f"{findings} finding(s)" + (f"; not run: {', '.join(not_run)}" if not_run else "")
                 + f" (production: run {self.run_id})")
 
@@ -350,10 +354,13 @@ def junit(report: WatchReport) -> str:
     root = ET.Element("testsuites", name="stackgate watch")
     suite = ET.SubElement(root, "testsuite", name="watch", tests=str(len(report.checks)),
                           failures=str(sum(1 for c in report.checks if c.findings)),
-                          skipped=str(sum(1 for c in report.checks if c.state == "not-run")))
+                          errors=str(sum(1 for c in report.checks if c.state in ("not-run", "error"))),
+                          skipped=str(sum(1 for c in report.checks if c.state == "skipped")))
     for c in report.checks:
         case = ET.SubElement(suite, "testcase", classname="watch", name=c.name)
-        if c.state == "not-run":
+        if c.state in ("not-run", "error"):  # a check that could not run is no pass
+            ET.SubElement(case, "error", message=c.detail[:500])
+        elif c.state == "skipped":
             ET.SubElement(case, "skipped", message=c.detail[:500])
         elif c.findings:
             failure = ET.SubElement(case, "failure", message=f"{len(c.findings)} finding(s)")

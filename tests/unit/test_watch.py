@@ -271,3 +271,22 @@ def test_the_gate_run_after_a_moved_canary_says_so_beside_the_comparison_and_dec
     quiet = row.model_copy(update={"flagged": 0, "shift": 0.01})
     calm = gate.decide((rec.production, rec.candidate), (), rec.results, policy, dt.date(2026, 12, 7), canaries=[quiet])
     assert not [r for r in calm.verdict.reasons if r.kind == "pool-drift"]
+
+
+def test_a_canary_that_cannot_start_keeps_the_other_checks_and_says_why(tmp_path: Path) -> None:
+    from stackgate.errors import InfraError
+
+    registry = FakeRegistry()
+    opts = _setup(tmp_path, registry)
+    db = _db(tmp_path / "osv", _advisory("GHSA-new", "numpy", "2.2.1"))
+
+    def broken(kind: type[Exception]) -> watch.Canary:
+        def run(opts: options.Options, env: object, console: object) -> watch.CanaryRun:
+            raise kind("upgrade.toml:6: unknown runner pool 'local'")
+        return run
+
+    for kind, state, code in ((ConfigError, "not-run", 2), (InfraError, "error", 3)):
+        got, checks = _watch(opts, registry, db, broken(kind))
+        assert got == code and checks["drift"]["state"] == state
+        assert "unknown runner pool 'local'" in str(checks["drift"]["detail"])
+        assert checks["advisories"]["state"] == "findings"  # found before the canary, and kept

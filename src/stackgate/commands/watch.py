@@ -22,7 +22,7 @@ from stackgate.boundary.report import Report
 from stackgate.commands import production_runs
 from stackgate.conclude import run_definition
 from stackgate.console import Console, Printer
-from stackgate.errors import ConfigError
+from stackgate.errors import ConfigError, InfraError
 from stackgate.model import MAIN, Status
 from stackgate.options import Options
 from stackgate.policy import DriftRule, load_policy
@@ -180,9 +180,14 @@ def watch(opts: Options, env: Mapping[str, str], say: Printer | None = None,
     if canary is None:
         found.append(checks.Check("drift", "skipped", "--no-canary: production was not run on this pool"))
     else:
-        ran = canary(_in_force_config(opts, current, out), env, console)
-        found.append(checks.drift(ran.measured, ran.failed, ran.rule))
-        record_canary(opts, at, ran)
+        try:
+            ran = canary(_in_force_config(opts, current, out), env, console)
+        except (ConfigError, InfraError) as exc:  # the other checks' findings are kept, and said
+            state: checks.State = "not-run" if isinstance(exc, ConfigError) else "error"
+            found.append(checks.Check("drift", state, f"the canary could not run: {exc.render()}"))
+        else:
+            found.append(checks.drift(ran.measured, ran.failed, ran.rule))
+            record_canary(opts, at, ran)
     report = checks.WatchReport(current.run_id, at, tuple(found))
     for name, text in (("watch.json", checks.json_text(report)), ("watch.md", checks.markdown(report)),
                        ("watch.html", checks.html_page(report)), ("junit.xml", checks.junit(report))):
