@@ -24,23 +24,12 @@ from packaging.utils import canonicalize_name
 from stackgate import history
 from stackgate.backends.docker.engine import DockerEngine
 from stackgate.shipped import MATRIX_DIR
+from tests.matrices import one_cpu_stack
 from tests.registry.conftest import Registries
 
 pytestmark = [pytest.mark.docker, pytest.mark.registry]
 ROOT = Path(__file__).resolve().parents[2]
-MATRIX = """[matrix]
-name = "fleet-test"
-channel = "stable"
-pools = ["cpu-a", "cpu-b"]
-torch = ["2.13.0"]
-cuda = ["cpu"]
-python = ["3.11"]
-required = ["*"]
-
-[matrix.cpu]
-cuda = ["cpu"]
-topology = ["1x2"]
-"""
+MATRIX = one_cpu_stack("fleet-test", ["cpu-a", "cpu-b"], "1x2")
 POOLS = """
 [pool.cpu-a]
 gpu_class = "none"

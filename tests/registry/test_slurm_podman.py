@@ -18,24 +18,13 @@ from pathlib import Path
 import pytest
 
 from stackgate.shipped import MATRIX_DIR
+from tests.matrices import one_cpu_stack
 from tests.registry.conftest import Registries
 from tests.slurm.conftest import slurm_cluster  # noqa: F401  (the 2-node cluster)
 
 pytestmark = [pytest.mark.docker, pytest.mark.registry, pytest.mark.slurm]
 ROOT = Path(__file__).resolve().parents[2]
-MATRIX = """[matrix]
-name = "podman-test"
-channel = "stable"
-pools = ["hpc"]
-torch = ["2.13.0"]
-cuda = ["cpu"]
-python = ["3.11"]
-required = ["*"]
-
-[matrix.cpu]
-cuda = ["cpu"]
-topology = ["2x2"]
-"""
+MATRIX = one_cpu_stack("podman-test", ["hpc"], "2x2")
 # what this gate decides on: the two multi-node tests it selects (the bundled policy would also want the
 # trainers' metrics and the other required tests, which the selection leaves out)
 POLICY = """[required]

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from stackgate.shipped import MATRIX_DIR
+from tests.matrices import one_cpu_stack
 
 ROOT = Path(__file__).resolve().parents[2]
 FLEET = """[pool.cpu-a]
@@ -24,19 +25,7 @@ nodes = 1
 """
 # production's stack as the candidate too: this test is about bundles, shards and the merge, so every
 # cell runs the small 2.13.0+cpu environment (an upgrade's two stacks: test_end_to_end.py)
-MATRIX = """[matrix]
-name = "fleet-test"
-channel = "stable"
-pools = ["cpu-a", "cpu-b"]
-torch = ["2.13.0"]
-cuda = ["cpu"]
-python = ["3.11"]
-required = ["*"]
-
-[matrix.cpu]
-cuda = ["cpu"]
-topology = ["1x2"]
-"""
+MATRIX = one_cpu_stack("fleet-test", ["cpu-a", "cpu-b"], "1x2")
 
 
 def _stackgate(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
