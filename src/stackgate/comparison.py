@@ -6,7 +6,7 @@ so far cannot settle."""
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import replace
 
 from stackgate import calibrate, pressure, stats
@@ -81,15 +81,27 @@ def _pressure_seen(kept: Sequence[Pair], dropped: Sequence[Pair], limit: float) 
     return text
 
 
-def _dropped_note(cand: Cell, pairs: Sequence[Pair], dropped: Sequence[Pair], limit: float) -> Reason:
+def _busy_runs(dropped: Sequence[Pair]) -> str:
     def seen(result: CellResult) -> str:
         found = pressure.of_result(result.environment)
         return found.describe() if found is not None else "not measured"
 
-    what = "; ".join(f"{_run_name(b)}: production {seen(b)}, candidate {seen(c)}" for b, c in dropped)
-    return Reason(Severity.INFO, f"{len(dropped)} of {len(pairs)} run pair(s) not used for the performance gate: "
-                  f"taken while the runner was busy beyond max_pressure = {limit:.0%} ({what})", cell=cand.id,
-                  kind="pressure-discarded")
+    return "; ".join(f"{_run_name(b)}: production {seen(b)}, candidate {seen(c)}" for b, c in dropped)
+
+
+def _dropped_note(cand: Cell, pairs: Sequence[Pair], dropped: Sequence[Pair], limit: float,
+                  metrics: Sequence[str]) -> Reason:
+    return Reason(Severity.INFO, f"{len(dropped)} of {len(pairs)} run pair(s) not used for {', '.join(metrics)}: "
+                  f"taken while the runner was busy beyond max_pressure = {limit:.0%} ({_busy_runs(dropped)})",
+                  cell=cand.id, kind="pressure-discarded")
+
+
+def _kept_note(cand: Cell, pairs: Sequence[Pair], busy: Sequence[Pair], policy: Policy, metrics: Sequence[str]) -> Reason:
+    return Reason(Severity.INFO, f"{len(busy)} of {len(pairs)} run pair(s) taken while the runner was busy beyond "
+                  f"max_pressure = {policy.max_pressure:.0%} are used for {', '.join(metrics)}: interference is not "
+                  f"shown to move their clock (`[performance] pressure_clocks` = {list(policy.pressure_clocks)}: the "
+                  f"pairs of the others are dropped; docs/performance.md) ({_busy_runs(busy)})", cell=cand.id,
+                  kind="pressure-kept")
 
 
 def _noise_advice(cmp: stats.Comparison, policy: Policy) -> str:
@@ -112,6 +124,46 @@ def unsettled(cand: Cell, base: Cell, recorded: Mapping[str, CellResult], policy
     an interval that straddles the tolerance, or a regression seen over fewer than the policy's
     `confirm_repeats` runs (the steps of one run are blind to run-to-run noise, so one run never
     makes a performance NO-GO when confirmation is on). Metric key -> why."""
+    return {key: why for key, (why, _) in _unsettled(cand, base, recorded, policy).items()}
+
+
+def worth_more_runs(cand: Cell, base: Cell, recorded: Mapping[str, CellResult], policy: Policy,
+                    watching: Collection[str] = ()) -> tuple[dict[str, str], dict[str, str]]:
+    """The gated metrics that one more interleaved round is for, each with why, and those more runs would
+    not settle, each with why not. For: an INCONCLUSIVE that more runs can settle at the noise its pairs
+    show (a paired one whose change, at that noise, 100 runs would not settle is the other kind: more
+    rounds would only spend the runner's time); a regression over fewer than `confirm_repeats` runs; and
+    a regression of a metric in `watching` (those the rounds began for): the rounds stop early only when
+    a metric settles within tolerance, so they never make a false NO-GO likelier than one look at their end."""
+    cres, bres = recorded.get(cand.id), recorded.get(base.id)
+    if cres is None or bres is None or not (cres.status.ran_suite and bres.status.ran_suite):
+        return {}, {}
+    pairs = repeat_pairs(cand, base, recorded)
+    runs = len(compared_pairs(bres, cres, pairs, policy))
+    comparisons, _, _ = compare_pair(cand, base, cres, bres, policy, Severity.INFO, repeats=pairs)
+    more, hopeless = {}, {}
+    for c in comparisons:
+        cmp = c.comparison
+        if not c.gated or cmp.method == "threshold":
+            continue
+        seen = cmp.describe(c.unit)
+        if cmp.outcome is stats.Outcome.INCONCLUSIVE:
+            # (the t interval's runs; the sign test's interval narrows by rank, for which there is no such figure)
+            settle = calibrate.runs_to_settle(cmp, policy.confidence) if cmp.statistic == "t" else 0
+            if settle is None:
+                hopeless[c.metric] = (f"{seen}: cannot tell over {runs} run(s), and at its pairs' noise "
+                                      f"({cmp.noise:.1%}) 100 runs would not settle it")
+            else:
+                more[c.metric] = f"{seen}: cannot tell over {runs} run(s)" + (
+                    f"; about {settle} would at its pairs' noise ({cmp.noise:.1%})" if settle else "")
+        elif cmp.outcome is stats.Outcome.REGRESSION and (runs < policy.confirm_repeats or c.metric in watching):
+            more[c.metric] = (f"{seen}: a regression over {runs} run(s); the rounds go on to the end of the budget "
+                              "(they stop early only for a metric settled within tolerance)")
+    return more, hopeless
+
+
+def _unsettled(cand: Cell, base: Cell, recorded: Mapping[str, CellResult],
+               policy: Policy) -> dict[str, tuple[str, stats.Comparison]]:
     cres, bres = recorded.get(cand.id), recorded.get(base.id)
     if cres is None or bres is None or not (cres.status.ran_suite and bres.status.ran_suite):
         return {}
@@ -123,9 +175,10 @@ def unsettled(cand: Cell, base: Cell, recorded: Mapping[str, CellResult], policy
         if not c.gated or c.comparison.method == "threshold":
             continue
         if c.comparison.outcome is stats.Outcome.INCONCLUSIVE:
-            out[c.metric] = f"{c.comparison.describe(c.unit)}: cannot tell over {runs} run(s)"
+            out[c.metric] = (f"{c.comparison.describe(c.unit)}: cannot tell over {runs} run(s)", c.comparison)
         elif c.comparison.outcome is stats.Outcome.REGRESSION and runs < policy.confirm_repeats:
-            out[c.metric] = f"{c.comparison.describe(c.unit)}: a regression over {runs} run(s), to confirm"
+            out[c.metric] = (f"{c.comparison.describe(c.unit)}: a regression over {runs} run(s), to confirm",
+                             c.comparison)
     return out
 
 
@@ -211,11 +264,11 @@ def compare_pair(cand: Cell, base: Cell, cres: CellResult, bres: CellResult, pol
     comparisons, parity, reasons = [], [], []
     index = _Indexes()
     bmetrics, cmetrics = index(bres), index(cres)
-    limit = policy.max_pressure
     every = compared_pairs(bres, cres, repeats, policy)
     main_left_out = len(every) == len(repeats)  # concurrent pairs: compared without the main runs
-    kept, dropped = disturbed(every, limit)
-    sampled_gate = False  # a gated metric compared by its samples: the runs' interference matters
+    splits: dict[float, tuple[list[Pair], list[Pair]]] = {}  # interference limit -> (kept, dropped)
+    dropped_for: list[str] = []  # the sampled gated metrics compared without the pairs taken beyond max_pressure
+    kept_for: list[str] = []  # those compared over every pair: their clock is not one interference moves
     for key in sorted(set(bmetrics) | set(cmetrics)):
         metric, other = cmetrics.get(key), bmetrics.get(key)
         known = metric or other
@@ -261,25 +314,27 @@ def compare_pair(cand: Cell, base: Cell, cres: CellResult, bres: CellResult, pol
                                   "nothing; the suite recorded no measurement", cell=cand.id, test=metric.test,
                                   kind="perf-inconclusive"))
             continue
+        limit = policy.pressure_limit(dict(known.tags))
+        kept, dropped = splits[limit] if limit in splits else splits.setdefault(limit, disturbed(every, limit))
         base_runs, cand_runs = _runs(key, kept, index)
         if not base_runs and not dropped and main_left_out:  # no concurrent pair recorded it: the main runs' steps
             base_runs, cand_runs = _runs(key, disturbed([(bres, cres)], limit)[0], index)
         if rule_p is not None and rule_p.method == "threshold":
             cmp = stats.threshold(other.samples, metric.samples, better=metric.better, tolerance=rule_p.tolerance)
         elif rule_p is not None and not base_runs:
-            sampled_gate = True
+            dropped_for.append(key)
             reasons.append(Reason(Severity.INCONCLUSIVE, f"{key}: all {len(every)} run pair(s) were taken while the "
-                                  f"runner was busy beyond max_pressure = {limit:.0%}: no run to compare; use a quieter "
+                                  f"runner was busy beyond max_pressure = {policy.max_pressure:.0%}: no run to compare; use a quieter "
                                   "runner (or raise pressure_reruns)", cell=cand.id, test=metric.test,
                                   kind="perf-pressure"))
             continue
         elif rule_p is not None and len(base_runs) >= 2:  # interleaved repeats: per-run summaries, paired
-            sampled_gate = True
+            (dropped_for if math.isfinite(limit) else kept_for).append(key)
             cmp = stats.paired(base_runs, cand_runs, better=metric.better, tolerance=rule_p.tolerance,
                                confidence=policy.confidence, summary=rule_p.summary)
             cmp = replace(cmp, together=main_left_out and any(_was_pinned(p) for p in kept))
         elif rule_p is not None:  # the one quiet run: its steps
-            sampled_gate = True
+            (dropped_for if math.isfinite(limit) else kept_for).append(key)
             cmp = stats.compare(base_runs[0], cand_runs[0], better=metric.better, tolerance=rule_p.tolerance,
                                 confidence=policy.confidence, resamples=policy.resamples,
                                 min_samples=policy.min_samples)
@@ -308,6 +363,9 @@ def compare_pair(cand: Cell, base: Cell, cres: CellResult, bres: CellResult, pol
             reasons.append(Reason(Severity.INCONCLUSIVE, f"{key}: {cmp.describe(metric.unit)}: {advice}"
                                   + (f" ({seen})" if seen else ""), cell=cand.id, test=metric.test,
                                   kind="perf-inconclusive"))
-    if sampled_gate and dropped:
-        reasons.append(_dropped_note(cand, every, dropped, limit))
+    busy = disturbed(every, policy.max_pressure)[1]
+    if dropped_for and busy:
+        reasons.append(_dropped_note(cand, every, busy, policy.max_pressure, dropped_for))
+    if kept_for and busy:
+        reasons.append(_kept_note(cand, every, busy, policy, kept_for))
     return comparisons, parity, reasons

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import datetime as dt
 import fnmatch
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import get_args
@@ -29,6 +31,8 @@ from stackgate.model import Reason
 SUITE_POLICY = "stackgate-policy.toml"
 MAX_PRESSURE = 0.6  # docs/performance.md "A verdict that holds on a busy runner": quiet 4%, two busy loops 43-51%
 PAIRINGS: tuple[Pairing, ...] = get_args(Pairing)
+PRESSURE_CLOCKS = ("wall", "device")
+NOISE_BUDGET_S = 300.0
 
 
 @dataclass(frozen=True)
@@ -152,6 +156,13 @@ class Policy:
     # up to `pressure_reruns` more interleaved rounds replace such pairs
     max_pressure: float = MAX_PRESSURE
     pressure_reruns: int = 3
+    # the clocks whose runs interference moves (docs/performance.md, session 52): a pair taken beyond
+    # max_pressure is dropped for the metrics on these clocks only; a metric on another clock (the CPU
+    # clock: the rank processes' own CPU time, which waiting for a CPU does not add to) uses every pair
+    pressure_clocks: tuple[str, ...] = PRESSURE_CLOCKS
+    # the most wall time spent on more interleaved rounds after confirmation, for the gated metrics the
+    # runs cannot settle yet (noise) or have too few quiet pairs for (interference), before INCONCLUSIVE
+    noise_budget_s: float = NOISE_BUDGET_S
     # how the two runs of a pair of the interleaved repeats are taken: one after the other, in alternating
     # order ("sequential"), or at the same time, each stack on its own share of the runner's CPUs, the shares
     # swapped pair by pair ("concurrent", duet benchmarking: a runner whose speed drifts on every core at
@@ -176,6 +187,11 @@ class Policy:
         """The rounds of interleaved repeats after the main run: `repeats` runs of each stack in all
         (the main run one of them), or, with concurrent pairs, `repeats` pairs besides the main run."""
         return range(1, self.repeats + 1 if self.concurrent and self.repeats > 1 else self.repeats)
+
+    def pressure_limit(self, tags: Mapping[str, str]) -> float:
+        """The interference beyond which a run pair is not used for a metric with these tags:
+        `max_pressure` on a clock in `pressure_clocks` (the `clock` tag; none: wall), none (inf) on the others."""
+        return self.max_pressure if tags.get("clock", "wall") in self.pressure_clocks else math.inf
 
     def metric_rule(self, name: str, tags: dict[str, str], device: str) -> MetricRule | None:
         return next((r for r in self.performance if r.applies(name, tags, device)), None)
@@ -234,6 +250,8 @@ def load_policy(path: Path) -> Policy:
         confirm_repeats=perf.confirm_repeats,
         max_pressure=perf.max_pressure if perf.max_pressure is not None else MAX_PRESSURE,
         pressure_reruns=perf.pressure_reruns,
+        pressure_clocks=tuple(perf.pressure_clocks),
+        noise_budget_s=perf.noise_budget_s,
         pairing=perf.pairing,
         performance=rules,
         numerics=numerics,

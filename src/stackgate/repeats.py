@@ -5,6 +5,7 @@ select) from the results recorded so far."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Collection, Mapping, Sequence
 
 from stackgate import comparison, stats
@@ -19,11 +20,12 @@ WHOLE_SUITE = "*"
 Selection = dict[str, tuple[str, ...]]  # cell id -> the tests to repeat (WHOLE_SUITE: all of them)
 
 
-def gated_keys(cell: Cell, found: Sequence[CellResult], policy: Policy) -> set[str]:
-    """The metrics the policy gates by their samples (not thresholds) on this cell's device."""
+def gated_keys(cell: Cell, found: Sequence[CellResult], policy: Policy, *, busy_only: bool = False) -> set[str]:
+    """The metrics the policy gates by their samples (not thresholds) on this cell's device; with
+    `busy_only`, those of them whose pairs taken beyond max_pressure are dropped (`Policy.pressure_limit`)."""
     return {m.key for result in found for m in result.metrics if m.better != "equal"
             and (rule := policy.metric_rule(m.name, dict(m.tags), cell.device)) is not None
-            and rule.method != "threshold"}
+            and rule.method != "threshold" and not (busy_only and math.isinf(policy.pressure_limit(dict(m.tags))))}
 
 
 def gated_tests(cell: Cell, found: Sequence[CellResult], policy: Policy) -> tuple[str, ...]:
@@ -128,13 +130,17 @@ def short_of_quiet_runs(pairs: Sequence[Cell], by_id: Mapping[str, Cell], finish
     per_candidate, why = {}, {}
     for cand in pairs:
         base = by_id[cand.baseline]
+        found = [finished[cand.id], finished[base.id]]
+        keys = gated_keys(cand, found, policy, busy_only=True)  # (a metric on the CPU clock uses every pair)
+        if not keys:
+            continue
         runs = comparison.compared_pairs(finished[base.id], finished[cand.id],
                                          comparison.repeat_pairs(cand, base, finished), policy)
         kept, dropped = comparison.disturbed(runs, policy.max_pressure)
         if dropped and len(kept) < len(runs) - replaced.get(cand.id, 0):
-            per_candidate[cand] = gated_tests(cand, [finished[cand.id], finished[base.id]], policy)
+            per_candidate[cand] = tests_of(keys, found)
             why[cand.id] = (f"{len(dropped)} of {len(runs)} run pair(s) taken while the runner was busy beyond "
-                            f"max_pressure = {policy.max_pressure:.0%}")
+                            f"max_pressure = {policy.max_pressure:.0%} ({', '.join(sorted(keys))})")
     select = with_baselines(per_candidate)
     return select, {k: v for k, v in why.items() if k in select}
 
@@ -145,6 +151,32 @@ def unsettled(pairs: Sequence[Cell], by_id: Mapping[str, Cell], finished: Mappin
     settle (cell id -> metric -> the reason)."""
     why = {p.id: comparison.unsettled(p, by_id[p.baseline], finished, policy) for p in pairs}
     return with_baselines({p: tests_of(why[p.id], [finished[p.id], finished[p.baseline]]) for p in pairs}), why
+
+
+def worth_more(pairs: Sequence[Cell], by_id: Mapping[str, Cell], finished: Mapping[str, CellResult],
+               policy: Policy, watching: Mapping[str, Collection[str]]
+               ) -> tuple[Selection, dict[str, dict[str, str]], dict[str, dict[str, str]]]:
+    """What a round beyond confirmation runs: the tests of the gated metrics it is for
+    (`comparison.worth_more_runs`; `watching`: cell id -> the metrics earlier rounds were for); why,
+    per cell and metric; and the unsettled metrics that more runs would not settle, with why not."""
+    more, hopeless = {}, {}
+    for p in pairs:
+        more[p.id], hopeless[p.id] = comparison.worth_more_runs(p, by_id[p.baseline], finished, policy,
+                                                                watching.get(p.id, ()))
+    select = with_baselines({p: tests_of(more[p.id], [finished[p.id], finished[p.baseline]]) for p in pairs})
+    return select, {k: v for k, v in more.items() if v}, {k: v for k, v in hopeless.items() if v}
+
+
+def union(a: Selection, b: Selection) -> Selection:
+    """Both selections, cell by cell (`merge_tests`)."""
+    return {cell: merge_tests(a.get(cell, ()), b.get(cell, ())) for cell in {*a, *b}}
+
+
+def last_round_s(finished: Mapping[str, CellResult]) -> float:
+    """The time the last recorded round of repeats took, its runs one after the other: what the next
+    round is expected to take."""
+    last = results.last_round(finished, PhaseKind.REPEAT)
+    return sum(r.duration_s for r in finished.values() if r.phase == repeat(last)) if last else 0.0
 
 
 def short_of_sign_test(pairs: Sequence[Cell], by_id: Mapping[str, Cell], finished: Mapping[str, CellResult],

@@ -88,13 +88,14 @@ def test_a_run_taken_under_pressure_is_replaced_and_not_used(tmp_path: Path) -> 
                                "of at most 3)") for line in said)
     assert code == 0 and report["decision"] == "GO"
     (note,) = [r for r in report["reasons"] if r["kind"] == "pressure-discarded"]
-    assert note["message"].startswith("1 of 2 run pair(s) not used for the performance gate: taken while the runner "
+    assert note["message"].startswith("1 of 2 run pair(s) not used for work.step_time: taken while the runner "
                                       "was busy beyond max_pressure = 60% (main run: production CPU pressure (PSI "
                                       "some) 0%, steal 0%, throttled 0%, candidate CPU pressure (PSI some) 80%")
 
 
 def test_a_runner_busy_in_every_run_gives_no_performance_verdict(tmp_path: Path) -> None:
-    code, report, said, backend = _gated_run(tmp_path, [0.9] * 20, _policy(tmp_path, "pressure_reruns = 2"))
+    code, report, said, backend = _gated_run(tmp_path, [0.9] * 20, _policy(tmp_path, "pressure_reruns = 2\n"
+                                                                                       "noise_budget_s = 0"))
     assert [p for _, p in _phases(backend)].count("repeat2") == 2 and "repeat3" not in [p for _, p in _phases(backend)]
     assert [line.split(" (")[1].split(")")[0] for line in said if line.startswith("interference:")] == [
         "1 of at most 2", "2 of at most 2"]
@@ -128,7 +129,7 @@ def test_an_inconclusive_for_noise_says_how_busy_the_runner_was(tmp_path: Path) 
     backend = MemoryBackend(script=_timed([x * 2 for x in CALM], candidate_factor=[1.0, 1.4]))
     said: list[str] = []
     busy = [0.05, 0.38, 0.30, 0.05, 0.05, 0.05, 0.05, 0.05, 0.05, 0.45]  # P C | C P | P C | C P | P C
-    run_command(memory_options(tmp_path, policy=_policy(tmp_path)), {}, said.append,
+    run_command(memory_options(tmp_path, policy=_policy(tmp_path, "noise_budget_s = 0")), {}, said.append,
                 machinery=on_memory(backend, Gauge(busy)))
     report = json.loads((tmp_path / "r" / "mem" / "report.json").read_text())
     (reason,) = [r for r in report["reasons"] if r["kind"] == "perf-inconclusive"]

@@ -127,10 +127,11 @@ def test_tests_to_repeat_merge_to_the_whole_suite_when_one_side_cannot_say() -> 
     assert merge_tests(("a::t",), (WHOLE_SUITE,)) == (WHOLE_SUITE,)
 
 
-def _timed(candidate_main: list[float], candidate_factor: float | list[float], nodeid: str = GATED) -> Script:
-    """The plain suite's two tests pass; the gated one records step times: production's are calm, the
-    candidate's main run records `candidate_main`, each of its repeats production's times x factor (a
-    list: repeat r's is factor[(r - 1) % len])."""
+def _timed(candidate_main: list[float], candidate_factor: float | list[float], nodeid: str = GATED,
+           tags: dict[str, str] | None = None) -> Script:
+    """The plain suite's two tests pass; the gated one records step times (with `tags`): production's are
+    calm, the candidate's main run records `candidate_main`, each of its repeats production's times x
+    factor (a list: repeat r's is factor[(r - 1) % len])."""
     factors = candidate_factor if isinstance(candidate_factor, list) else [candidate_factor]
 
     def script(command: NodeCommand, exe: Execution) -> NodeExit:
@@ -144,7 +145,8 @@ def _timed(candidate_main: list[float], candidate_factor: float | list[float], n
         tests = [t for t in (GATED, "test_model.py::test_matmul_matches_numpy")
                  if run == 0 or any(a.endswith(t) for a in command.argv) or not any("::" in a for a in command.argv)]
         return answer(command, dict.fromkeys(tests, "passed"), metrics=[
-            {"name": "work.step_time", "unit": "ms", "samples": samples, "better": "lower", "nodeid": nodeid}])
+            {"name": "work.step_time", "unit": "ms", "samples": samples, "better": "lower", "nodeid": nodeid,
+             "tags": tags or {}}])
     return script
 
 
@@ -248,8 +250,9 @@ def test_with_confirmation_off_a_pair_apart_runs_nothing_more(
 def test_an_inconclusive_for_noise_says_what_the_pairs_noise_needs(
         no_subprocesses: MemoryBackend, run_memory: RunMemory, gated_policy: Path, tmp_path: Path) -> None:
     """Five pairs that spread widely and none apart (2x, then +0% and +40% in turn): the gate cannot tell,
-    and no pair is for the sign test to leave out, so nothing more runs."""
+    and no pair is for the sign test to leave out, so nothing more runs (without a noise budget)."""
     no_subprocesses.script = _timed([x * 2 for x in CALM], candidate_factor=[1.0, 1.4])
+    gated_policy.write_text("[performance]\nnoise_budget_s = 0\n" + gated_policy.read_text())
     code, report, _ = run_memory(policy=str(gated_policy))
     assert report["decision"] == "INCONCLUSIVE" and code == 1
     assert "repeat5" not in str(_phases(no_subprocesses))
@@ -282,6 +285,7 @@ def test_a_run_noisier_than_its_pools_calibration_says_to_calibrate_again(
     noise calibrate recorded for the pool can explain (F test), the report and the console say so, with
     the calibration's date, and that the repeats planned from it may miss their target."""
     no_subprocesses.script = _timed([x * 2 for x in CALM], candidate_factor=[1.0, 1.4])  # pairs spread ~28%
+    gated_policy.write_text("[performance]\nnoise_budget_s = 0\n" + gated_policy.read_text())  # (5 runs)
     history.record_calibration(tmp_path / "r" / "history.sqlite", pool="local", run_id="cal-1",
                                recorded="2026-12-01T09:00:00Z", noise=[("work.step_time", 0.01, 10)])
     code, report, said = run_memory(policy=str(gated_policy))

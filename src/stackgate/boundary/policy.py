@@ -17,6 +17,8 @@ PreexistingRule = Literal["go", "inconclusive"]
 HarnessRule = Literal["inconclusive", "go"]
 FlakyRule = Literal["inconclusive", "go", "no-go"]
 Pairing = Literal["sequential", "concurrent"]
+Clock = Literal["wall", "cpu", "device"]  # a step time's clock: its `clock` tag (none: wall)
+PRESSURE_CLOCKS: tuple[Clock, ...] = ("wall", "device")  # the clocks interference moves (docs/performance.md)
 Device = Literal["cpu", "cuda"]  # model.Cell.device
 UnratedRule = Literal["list", "block"]
 SizeRule = Literal["no-go", "inconclusive"]
@@ -63,6 +65,8 @@ class Performance(Model):
     confirm_repeats: Annotated[int, Field(ge=1, le=100)] = 5
     max_pressure: Annotated[float, Field(ge=0.0, le=1.0)] | None = None  # None: policy.MAX_PRESSURE
     pressure_reruns: Annotated[int, Field(ge=0, le=20)] = 3
+    pressure_clocks: Annotated[list[Clock], Field(max_length=3)] = Field(default_factory=lambda: list(PRESSURE_CLOCKS))
+    noise_budget_s: Annotated[float, Field(ge=0.0, le=86_400.0)] = 300.0
     pairing: Pairing = "sequential"
     metric: Annotated[list[MetricRow], Field(max_length=10_000)] = Field(default_factory=list)
 

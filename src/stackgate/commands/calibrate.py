@@ -164,7 +164,8 @@ def _aa_runs(runner: Runner, cell: Cell, handle: EnvHandle, runs: int, policy: P
             _ran(result, made, cell)
             kept.append(result)
         select = select or gated_tests(cell, kept, policy)
-        if len(kept) % 2 == 0 and comparison.disturbed([(kept[-2], kept[-1])], policy.max_pressure)[1]:
+        if (len(kept) % 2 == 0 and gated_keys(cell, kept[-2:], policy, busy_only=True)
+                and comparison.disturbed([(kept[-2], kept[-1])], policy.max_pressure)[1]):
             del kept[-2:]
             dropped += 1
             if dropped <= policy.pressure_reruns:

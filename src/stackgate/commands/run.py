@@ -4,6 +4,7 @@ directory -> main attempts -> repeats and confirmation -> rollbacks -> decide an
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -14,7 +15,7 @@ from stackgate.conclude import decide_and_report, signals_held
 from stackgate.console import Console, Printer
 from stackgate.errors import ConfigError, InfraError
 from stackgate.inputs import Loaded
-from stackgate.model import Cell, CellResult, rerun
+from stackgate.model import MAX_ROUND, Cell, CellResult, rerun
 from stackgate.options import Options
 from stackgate.plan import plan_envs, run_order
 from stackgate.policy import Policy
@@ -142,6 +143,55 @@ def _quiet_runs(runner: Runner, ordered: Sequence[Cell], pairs: Sequence[Cell], 
     return made
 
 
+def _noise_rounds(runner: Runner, ordered: Sequence[Cell], pairs: Sequence[Cell], policy: Policy,
+                  replaced: dict[str, int]) -> None:
+    """After confirmation: one more interleaved round at a time of the tests whose gated metrics the runs
+    cannot settle yet but more runs can (their pairs' noise says about how many would), or that have
+    fewer pairs taken within max_pressure than were made, while the time these rounds took and the next
+    one's (as long as the last) stay within `noise_budget_s`. Says each round and why, and how it ended."""
+    say = runner.console.say
+    budget = policy.noise_budget_s
+    if budget <= 0:
+        return
+    spent, made = 0.0, 0
+    watching: dict[str, set[str]] = {}  # cell id -> the metrics rounds were made for
+    while True:
+        finished = results.read(runner.ctx.run_dir)
+        select, why, hopeless = repeats.worth_more(pairs, runner.by_id, finished, policy, watching)
+        quiet, busy = repeats.short_of_quiet_runs(pairs, runner.by_id, finished, policy, replaced)
+        select = repeats.union(select, quiet)
+        first = repeats.next_round(finished)
+        ahead = repeats.last_round_s(finished) if not made else spent / made
+        if not select or spent + ahead > budget or first > MAX_ROUND:
+            break
+        because = [f"{cell_id} {key}: {reason}" for cell_id, metrics in sorted(why.items())
+                   for key, reason in sorted(metrics.items())]
+        because += [f"{cell_id}: {reason}" for cell_id, reason in sorted(busy.items())]
+        say(f"noise: 1 more interleaved run of {repeats.listed(select)} (round {first}; {spent:.0f} s of the "
+            f"{budget:.0f} s noise budget spent), because " + "; ".join(because))
+        for cell_id, metrics in why.items():
+            watching.setdefault(cell_id, set()).update(metrics)
+        start = time.monotonic()
+        _repeat(runner, ordered, select, range(first, first + 1), policy)
+        spent += time.monotonic() - start
+        made += 1
+        for cell_id in busy:
+            replaced[cell_id] = replaced.get(cell_id, 0) + 1
+    left = [f"{cell_id} {key}: {reason}" for cell_id, metrics in sorted(hopeless.items())
+            for key, reason in sorted(metrics.items())]
+    if select and made:
+        say(f"noise: {made} more round(s) in {spent:.0f} s, and {repeats.listed(select)} still cannot be settled: the "
+            f"next round (about {ahead:.0f} s) would pass the {budget:.0f} s noise budget ([performance] noise_budget_s)")
+    elif select:
+        say(f"noise: no more rounds for {repeats.listed(select)}: one (about {ahead:.0f} s) would pass the "
+            f"{budget:.0f} s noise budget ([performance] noise_budget_s)")
+    elif made and not left:
+        say(f"noise: {made} more round(s) in {spent:.0f} s settled what they were for")
+    if left:
+        say((f"noise: {made} more round(s) in {spent:.0f} s, then " if made else "noise: ")
+            + "no more rounds for what more runs would not settle: " + "; ".join(left))
+
+
 def _repeat(runner: Runner, ordered: Sequence[Cell], select: repeats.Selection, rounds: range, policy: Policy) -> None:
     """`rounds` interleaved runs of the selected tests: pair by pair, one run after the other, or, with
     pairing = "concurrent", each round's runs at the same time on shares of the runner's CPUs (on a
@@ -244,5 +294,7 @@ def attempt_all(runner: Runner, cells: Sequence[Cell], policy: Policy, *, rollba
             _confirm(runner, ordered, select, why, range(first, first + rounds),
                      "a run pair stands apart from the rest and the sign test needs more pairs to leave it out", policy)
             _quiet_runs(runner, ordered, pairs, policy, replaced, policy.pressure_reruns - made)
+    if pairs:
+        _noise_rounds(runner, ordered, pairs, policy, replaced)
     if rollback:  # production reads what each candidate that ran its suite wrote
         runner.run(repeats.rollbacks(ordered, by_id, results.read(runner.ctx.run_dir)))
