@@ -8,9 +8,9 @@ quiet run's. A benchmark: it prints figures and asserts nothing. Targets (#45): 
 2 busy loops and 3 of 3 beside 4, on both backends (`-- --backend venv`).
 
 `--clocks ROUNDS`: which clock interference moves (#45). One run of the main command with ROUNDS
-interleaved repeats while K busy loops switch on and off every 4 s (so that some runs are taken
-busy and others quiet), every pair kept (`max_pressure = 1.0`, no extra rounds); then, for each
-step time the policy gates, on the CPU clock and on the wall clock, each run's median step (the
+interleaved repeats while K busy loops switch on and off every `--period` seconds (60: about a
+run's length, so that some runs are taken busy and others quiet), every pair kept (`max_pressure = 1.0`, no extra rounds); then, for each
+bundled step time, on the CPU clock and on the wall clock, each run's median step (the
 gate's summary) against its role's median, by band of the run's interference, and the rank
 correlation of interference with that distance (`benchmarks/disturbance.py`).
 """
@@ -77,7 +77,7 @@ def one_run(reports: Path, run_id: str, extra: list[str]) -> Run:
     return Run(data["decision"], proc.returncode, wall, busiest, discarded, rounds, deciding)
 
 
-def clocks(reports: Path, rounds: int, loops: int, extra: list[str]) -> None:
+def clocks(reports: Path, rounds: int, loops: int, period: float, extra: list[str]) -> None:
     from disturbance import BANDS, SLOW, runs_under, spearman
     from sensitivity import Hog
 
@@ -87,7 +87,7 @@ def clocks(reports: Path, rounds: int, loops: int, extra: list[str]) -> None:
     policy.write_text(re.sub(r"(?m)^noise_budget_s = .*$", "noise_budget_s = 0",
                              re.sub(r"(?m)^max_pressure = .*$", "max_pressure = 1.0", text)))
     run_id = time.strftime("%Y%m%dT%H%M%S") + f"-clocks-hog{loops}"
-    with Hog(loops, seed=rounds) as hog:
+    with Hog(loops, on_s=period, off_s=period, seed=rounds) as hog:
         found = one_run(reports, run_id, ["--repeats", str(rounds), "--policy", str(policy), *extra])
     print(_row(f"clocks hog{loops}", found))
     print(f"busy loops on for {hog.busy_s:.0f} s of {found.wall_s:.0f} s")
@@ -112,6 +112,9 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--clocks", type=int, default=0, metavar="ROUNDS",
                     help="measure which clock interference moves, over ROUNDS interleaved repeats (see above)")
+    ap.add_argument("--period", type=float, default=60.0,
+                    help="--clocks: the busy loops run this many seconds, then pause as long (about a run's length, "
+                         "so that some runs are taken busy and others quiet)")
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--hog", type=int, default=2, help="busy loops beside each hog run")
     ap.add_argument("--reports", default="reports/busy-runner")
@@ -119,7 +122,7 @@ def main() -> int:
     args = ap.parse_args()
     reports = Path(args.reports)
     if args.clocks:
-        clocks(reports, args.clocks, args.hog, args.extra)
+        clocks(reports, args.clocks, args.hog, args.period, args.extra)
         return 0
     stamp = time.strftime("%Y%m%dT%H%M%S")
     found = [("quiet", one_run(reports, f"{stamp}-quiet", args.extra))]
