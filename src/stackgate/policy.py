@@ -156,7 +156,7 @@ class Policy:
     # up to `pressure_reruns` more interleaved rounds replace such pairs
     max_pressure: float = MAX_PRESSURE
     pressure_reruns: int = 3
-    # the clocks whose runs interference moves (docs/performance.md, session 52): a pair taken beyond
+    # the clocks whose runs interference moves (docs/performance.md, session 53): a pair taken beyond
     # max_pressure is dropped for the metrics on these clocks only; a metric on another clock (the CPU
     # clock: the rank processes' own CPU time, which waiting for a CPU does not add to) uses every pair
     pressure_clocks: tuple[str, ...] = PRESSURE_CLOCKS

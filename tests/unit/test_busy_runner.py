@@ -1,6 +1,6 @@
 """#45: a verdict on a busy runner. Run pairs taken beyond max_pressure are dropped only for the
 metrics on a clock that interference moves (`[performance] pressure_clocks`, wall and device by
-default: docs/performance.md, session 52), and when the runs cannot settle a gated metric yet, or
+default: docs/performance.md, session 53), and when the runs cannot settle a gated metric yet, or
 have too few quiet pairs, more interleaved rounds run within `noise_budget_s` before INCONCLUSIVE."""
 
 from __future__ import annotations
