@@ -124,7 +124,14 @@ def unsettled(cand: Cell, base: Cell, recorded: Mapping[str, CellResult], policy
     an interval that straddles the tolerance, or a regression seen over fewer than the policy's
     `confirm_repeats` runs (the steps of one run are blind to run-to-run noise, so one run never
     makes a performance NO-GO when confirmation is on). Metric key -> why."""
-    return {key: why for key, (why, _) in _unsettled(cand, base, recorded, policy).items()}
+    runs, comparisons = _sampled_gates(cand, base, recorded, policy)
+    out = {}
+    for c in comparisons:
+        if c.comparison.outcome is stats.Outcome.INCONCLUSIVE:
+            out[c.metric] = f"{c.comparison.describe(c.unit)}: cannot tell over {runs} run(s)"
+        elif c.comparison.outcome is stats.Outcome.REGRESSION and runs < policy.confirm_repeats:
+            out[c.metric] = f"{c.comparison.describe(c.unit)}: a regression over {runs} run(s), to confirm"
+    return out
 
 
 def worth_more_runs(cand: Cell, base: Cell, recorded: Mapping[str, CellResult], policy: Policy,
@@ -135,17 +142,10 @@ def worth_more_runs(cand: Cell, base: Cell, recorded: Mapping[str, CellResult], 
     rounds would only spend the runner's time); a regression over fewer than `confirm_repeats` runs; and
     a regression of a metric in `watching` (those the rounds began for): the rounds stop early only when
     a metric settles within tolerance, so they never make a false NO-GO likelier than one look at their end."""
-    cres, bres = recorded.get(cand.id), recorded.get(base.id)
-    if cres is None or bres is None or not (cres.status.ran_suite and bres.status.ran_suite):
-        return {}, {}
-    pairs = repeat_pairs(cand, base, recorded)
-    runs = len(compared_pairs(bres, cres, pairs, policy))
-    comparisons, _, _ = compare_pair(cand, base, cres, bres, policy, Severity.INFO, repeats=pairs)
+    runs, comparisons = _sampled_gates(cand, base, recorded, policy)
     more, hopeless = {}, {}
     for c in comparisons:
         cmp = c.comparison
-        if not c.gated or cmp.method == "threshold":
-            continue
         seen = cmp.describe(c.unit)
         if cmp.outcome is stats.Outcome.INCONCLUSIVE:
             # (the t interval's runs; the sign test's interval narrows by rank, for which there is no such figure)
@@ -162,24 +162,17 @@ def worth_more_runs(cand: Cell, base: Cell, recorded: Mapping[str, CellResult], 
     return more, hopeless
 
 
-def _unsettled(cand: Cell, base: Cell, recorded: Mapping[str, CellResult],
-               policy: Policy) -> dict[str, tuple[str, stats.Comparison]]:
+def _sampled_gates(cand: Cell, base: Cell, recorded: Mapping[str, CellResult],
+                   policy: Policy) -> tuple[int, list[MetricComparison]]:
+    """The run pairs compared so far, and the candidate's gated comparisons by samples (not thresholds)
+    over them (none until both stacks ran their suite)."""
     cres, bres = recorded.get(cand.id), recorded.get(base.id)
     if cres is None or bres is None or not (cres.status.ran_suite and bres.status.ran_suite):
-        return {}
+        return 0, []
     pairs = repeat_pairs(cand, base, recorded)
-    runs = len(compared_pairs(bres, cres, pairs, policy))
     comparisons, _, _ = compare_pair(cand, base, cres, bres, policy, Severity.INFO, repeats=pairs)
-    out = {}
-    for c in comparisons:
-        if not c.gated or c.comparison.method == "threshold":
-            continue
-        if c.comparison.outcome is stats.Outcome.INCONCLUSIVE:
-            out[c.metric] = (f"{c.comparison.describe(c.unit)}: cannot tell over {runs} run(s)", c.comparison)
-        elif c.comparison.outcome is stats.Outcome.REGRESSION and runs < policy.confirm_repeats:
-            out[c.metric] = (f"{c.comparison.describe(c.unit)}: a regression over {runs} run(s), to confirm",
-                             c.comparison)
-    return out
+    return (len(compared_pairs(bres, cres, pairs, policy)),
+            [c for c in comparisons if c.gated and c.comparison.method != "threshold"])
 
 
 def short_of_sign_test(cand: Cell, base: Cell, recorded: Mapping[str, CellResult],
