@@ -1,7 +1,8 @@
 """#44's canary for real: `stackgate watch`'s drift check runs production's cell of the default matrix
 (the 2.13.0+cpu venv) with a plain suite that times a fixed CPU workload, records each canary in the
-history, and reads the earlier ones back as its baseline; twice the work (real extra work, through
---suite-env) is measured as such."""
+history, and reads the earlier ones back as its baseline; four times the work (real extra work, through
+--suite-env) is measured as more. Four times, and a wide band: a CPU clock beside a busy hyperthread sibling
+(another test worker) reads up to ~1.6x the same work, so twice the work measured 1.32x once in CI."""
 
 from __future__ import annotations
 
@@ -31,9 +32,9 @@ def test_the_canary_runs_production_records_itself_and_measures_extra_work(tmp_p
     [m] = first.measured
     assert (m.metric, m.pool, m.earlier) == (METRIC, "local", ())
     assert m.cell_id == "prod-local-cpu-cpu-torch2.13.0-py3.11-1x2" and m.median > 0
-    doubled = canary("1.0")
-    [d] = doubled.measured
+    more = canary("3.0")
+    [d] = more.measured
     assert d.earlier == (m.median,)  # the first canary, from the history: same cell, suite and profile
-    assert 1.5 < d.median / m.median < 2.6, (m.median, d.median)  # twice the work, on the CPU clock
+    assert 1.8 < d.median / m.median < 8, (m.median, d.median)  # four times the work, on the CPU clock
     rows = history.last_canaries(tmp_path / "r" / "history.sqlite", [m.cell_id])
-    assert [(r.run_id, r.metric, r.baseline) for r in rows] == [(doubled.run_id, METRIC, None)]  # too few to compare
+    assert [(r.run_id, r.metric, r.baseline) for r in rows] == [(more.run_id, METRIC, None)]  # too few to compare
