@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -135,12 +135,19 @@ def _quiet_runs(runner: Runner, ordered: Sequence[Cell], pairs: Sequence[Cell], 
         runner.console.say(f"interference: 1 more interleaved run of {repeats.listed(select)} "
                            f"({made + 1} of at most {budget}), because " + "; ".join(
                                f"{cell_id}: {reason}" for cell_id, reason in sorted(why.items())))
-        first = repeats.next_round(finished)
-        _repeat(runner, ordered, select, range(first, first + 1), policy)
-        for cell_id in why:
-            replaced[cell_id] = replaced.get(cell_id, 0) + 1
+        _one_round(runner, ordered, select, finished, policy, replaced, why)
         made += 1
     return made
+
+
+def _one_round(runner: Runner, ordered: Sequence[Cell], select: repeats.Selection, finished: Mapping[str, CellResult],
+               policy: Policy, replaced: dict[str, int], busy: Iterable[str]) -> None:
+    """One more interleaved round of `select`, numbered after the rounds `finished` holds; each candidate in
+    `busy` (short of runs taken within max_pressure) counts it as a round made to replace one."""
+    first = repeats.next_round(finished)
+    _repeat(runner, ordered, select, range(first, first + 1), policy)
+    for cell_id in busy:
+        replaced[cell_id] = replaced.get(cell_id, 0) + 1
 
 
 def _noise_rounds(runner: Runner, ordered: Sequence[Cell], pairs: Sequence[Cell], policy: Policy,
@@ -172,11 +179,9 @@ def _noise_rounds(runner: Runner, ordered: Sequence[Cell], pairs: Sequence[Cell]
         for cell_id, metrics in why.items():
             watching.setdefault(cell_id, set()).update(metrics)
         start = time.monotonic()
-        _repeat(runner, ordered, select, range(first, first + 1), policy)
+        _one_round(runner, ordered, select, finished, policy, replaced, busy)
         spent += time.monotonic() - start
         made += 1
-        for cell_id in busy:
-            replaced[cell_id] = replaced.get(cell_id, 0) + 1
     left = [f"{cell_id} {key}: {reason}" for cell_id, metrics in sorted(hopeless.items())
             for key, reason in sorted(metrics.items())]
     if select and made:
