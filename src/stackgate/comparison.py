@@ -106,7 +106,14 @@ def _kept_note(cand: Cell, pairs: Sequence[Pair], busy: Sequence[Pair], policy: 
 
 def _noise_advice(cmp: stats.Comparison, policy: Policy) -> str:
     """What the pairs' own noise says an INCONCLUSIVE needs: about how many interleaved runs, or that
-    no practical number will do (the change seen sits at the tolerance, or the runner is too noisy)."""
+    no practical number will do (the change seen sits at the tolerance, or the runner is too noisy). The
+    sign test's interval has no such figure: its ends are the pairs' own ratios, ranked, so a spread (its
+    robust one is 0 when most pairs agree) says nothing of how many more pairs would settle it."""
+    if cmp.statistic == "sign":
+        return (f"{cmp.apart} of the {cmp.pairs} run pairs stand apart from the rest, so the interval is the sign "
+                "test's: its ends are the pairs' own ratios, ranked, and only more pairs narrow it (no run count "
+                "can be estimated for it): more interleaved runs (`[performance] confirm_repeats`, "
+                "`noise_budget_s`), or a quieter runner (`stackgate calibrate` measures one)")
     seen = f"the pairs' log ratios spread {cmp.noise:.1%} in this run"
     runs = calibrate.runs_to_settle(cmp, policy.confidence)
     change, tolerance = stats.percent(cmp.change), f"{cmp.tolerance:.1%}"

@@ -129,3 +129,34 @@ def test_pairs_dropped_for_interference_are_replaced_within_the_budget(tmp_path:
     assert code == 0 and report["decision"] == "GO"
     noise = [line for line in said if line.startswith("noise: 1 more")]
     assert noise and "run pair(s) taken while the runner was busy beyond max_pressure = 60% (work.step_time)" in noise[0]
+
+
+def test_a_regression_seen_in_the_rounds_runs_on_to_the_end_of_the_budget(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Five noisy runs cannot tell (2x, then +0% and +40% in turn); the rounds begin for the metric, and
+    from round 5 the candidate is 2.5x. Once the rounds call it a regression they do not stop at that
+    look (an early stop on a regression would make a false NO-GO likelier): they run to the end of the
+    budget (rounds of 50 s against 200 s: four), and the gate decides once, at their end."""
+    ticks = itertools.count(0, 50)
+    monkeypatch.setattr(run_module, "time", types.SimpleNamespace(monotonic=lambda: float(next(ticks))))
+    backend = MemoryBackend(script=_timed([x * 1.8 for x in CALM], candidate_factor=[1.5, 2.2, 1.5, 2.2] + [1.8] * 16))
+    code, report, said = _run(tmp_path, backend, _policy(tmp_path, "noise_budget_s = 200"))
+    noise = [line for line in said if line.startswith("noise:")]
+    assert code == 1 and report["decision"] == "NO-GO", report["decision"]
+    assert _repeats(backend)[-1] == "repeat8"  # confirmation's 1-4, then four rounds of the budget
+    assert any("a regression over" in line and "the rounds go on to the end of the budget" in line
+               for line in noise[:-1])
+
+
+def test_an_undecided_sign_test_gives_no_run_count_from_a_spread(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The candidate +40% and +130% in turn against a 50% tolerance: at nine pairs four stand apart, the
+    sign test's interval runs between ranked pairs and cannot tell. Its robust spread (0: most pairs
+    agree) once read "about 2 interleaved runs would settle it" after nine had not; it names no count."""
+    ticks = itertools.count(0, 50)
+    monkeypatch.setattr(run_module, "time", types.SimpleNamespace(monotonic=lambda: float(next(ticks))))
+    backend = MemoryBackend(script=_timed([x * 1.8 for x in CALM], candidate_factor=[1.4, 2.3, 1.4, 2.3] + [1.8] * 16))
+    code, report, _ = _run(tmp_path, backend, _policy(tmp_path, "noise_budget_s = 200"))
+    assert code == 1 and report["decision"] == "INCONCLUSIVE"
+    (reason,) = [r for r in report["reasons"] if r["kind"] == "perf-inconclusive"]
+    assert "sign test on the median pair" in reason["message"] and "would settle" not in reason["message"]
+    assert "4 of the 9 run pairs stand apart from the rest, so the interval is the sign test's" in reason["message"]
