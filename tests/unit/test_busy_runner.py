@@ -105,8 +105,9 @@ def test_the_noise_budget_bounds_the_rounds(tmp_path: Path, monkeypatch: pytest.
     code, report, said = _run(tmp_path, backend, _policy(tmp_path, "noise_budget_s = 120"))
     assert code == 1 and report["decision"] == "INCONCLUSIVE"
     assert _repeats(backend)[-1] == "repeat6"  # confirmation's 1-4, then two rounds of the budget
-    assert ("noise: 2 more round(s) in 100 s, and test_model.py::test_linear_layer_trains still cannot be settled: the "
-            "next round (about 50 s) would pass the 120 s noise budget ([performance] noise_budget_s)") in said
+    assert ("noise: 2 more round(s) in 100 s, then the budget: the next round (about 50 s) would pass the 120 s noise "
+            "budget ([performance] noise_budget_s); the gate decides on all the runs of "
+            "test_model.py::test_linear_layer_trains") in said
 
 
 def test_a_change_at_the_tolerance_gets_no_rounds_it_cannot_use(tmp_path: Path) -> None:
@@ -146,6 +147,7 @@ def test_a_regression_seen_in_the_rounds_runs_on_to_the_end_of_the_budget(tmp_pa
     assert _repeats(backend)[-1] == "repeat8"  # confirmation's 1-4, then four rounds of the budget
     assert any("a regression over" in line and "the rounds go on to the end of the budget" in line
                for line in noise[:-1])
+    assert noise[-1].startswith("noise: 4 more round(s) in 200 s, then the budget: ")
 
 
 def test_an_undecided_sign_test_gives_no_run_count_from_a_spread(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -185,8 +185,10 @@ def _noise_rounds(runner: Runner, ordered: Sequence[Cell], pairs: Sequence[Cell]
     left = [f"{cell_id} {key}: {reason}" for cell_id, metrics in sorted(hopeless.items())
             for key, reason in sorted(metrics.items())]
     if select and made:
-        say(f"noise: {made} more round(s) in {spent:.0f} s, and {repeats.listed(select)} still cannot be settled: the "
-            f"next round (about {ahead:.0f} s) would pass the {budget:.0f} s noise budget ([performance] noise_budget_s)")
+        # (what the rounds were for may still be undecided, or a regression they ran on to the budget's end for)
+        say(f"noise: {made} more round(s) in {spent:.0f} s, then the budget: the next round (about {ahead:.0f} s) would "
+            f"pass the {budget:.0f} s noise budget ([performance] noise_budget_s); the gate decides on all the runs of "
+            f"{repeats.listed(select)}")
     elif select:
         say(f"noise: no more rounds for {repeats.listed(select)}: one (about {ahead:.0f} s) would pass the "
             f"{budget:.0f} s noise budget ([performance] noise_budget_s)")
