@@ -108,8 +108,13 @@ def runs_for(sigma: float, margin: float, confidence: float = 0.95, most: int = 
 
 def runs_to_settle(found: stats.Comparison, confidence: float = 0.95, most: int = 100) -> int | None:
     """For a paired INCONCLUSIVE: about how many interleaved runs would settle it at the noise its pairs
-    showed, if the change is what they saw (a planning figure: the true change is not known). None when
-    `most` would not: the change seen sits (nearly) at the tolerance, or the runner is too noisy."""
+    showed, if the change is what they saw (a planning figure: the true change is not known). 0 for the
+    sign test's interval (used when pairs stand apart): its ends are the pairs' own ratios, ranked, so no
+    spread says how many would settle it (its robust one is 0 when most pairs agree), only that more pairs
+    narrow it. None when `most` would not: the change seen sits (nearly) at the tolerance, or the runner
+    is too noisy."""
+    if found.method == "paired" and found.statistic == "sign":
+        return 0
     if found.method != "paired" or not 0 < found.noise < math.inf or found.change <= -1:
         return None
     return runs_for(found.noise, abs(math.log1p(found.change) - math.log1p(found.tolerance)), confidence, most)

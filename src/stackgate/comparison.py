@@ -106,16 +106,15 @@ def _kept_note(cand: Cell, pairs: Sequence[Pair], busy: Sequence[Pair], policy: 
 
 def _noise_advice(cmp: stats.Comparison, policy: Policy) -> str:
     """What the pairs' own noise says an INCONCLUSIVE needs: about how many interleaved runs, or that
-    no practical number will do (the change seen sits at the tolerance, or the runner is too noisy). The
-    sign test's interval has no such figure: its ends are the pairs' own ratios, ranked, so a spread (its
-    robust one is 0 when most pairs agree) says nothing of how many more pairs would settle it."""
-    if cmp.statistic == "sign":
+    no practical number will do (the change seen sits at the tolerance, or the runner is too noisy), or,
+    for the sign test's interval, that only more pairs narrow it (`calibrate.runs_to_settle`: 0)."""
+    runs = calibrate.runs_to_settle(cmp, policy.confidence)
+    if runs == 0:
         return (f"{cmp.apart} of the {cmp.pairs} run pairs stand apart from the rest, so the interval is the sign "
                 "test's: its ends are the pairs' own ratios, ranked, and only more pairs narrow it (no run count "
                 "can be estimated for it): more interleaved runs (`[performance] confirm_repeats`, "
                 "`noise_budget_s`), or a quieter runner (`stackgate calibrate` measures one)")
     seen = f"the pairs' log ratios spread {cmp.noise:.1%} in this run"
-    runs = calibrate.runs_to_settle(cmp, policy.confidence)
     change, tolerance = stats.percent(cmp.change), f"{cmp.tolerance:.1%}"
     if runs is None:
         return (f"{seen}; at that noise a change of {change} against the {tolerance} tolerance is not settled by "
@@ -155,8 +154,7 @@ def worth_more_runs(cand: Cell, base: Cell, recorded: Mapping[str, CellResult], 
         cmp = c.comparison
         seen = cmp.describe(c.unit)
         if cmp.outcome is stats.Outcome.INCONCLUSIVE:
-            # (the t interval's runs; the sign test's interval narrows by rank, for which there is no such figure)
-            settle = calibrate.runs_to_settle(cmp, policy.confidence) if cmp.statistic == "t" else 0
+            settle = calibrate.runs_to_settle(cmp, policy.confidence)  # (0: the sign test's, no figure)
             if settle is None:
                 hopeless[c.metric] = (f"{seen}: cannot tell over {runs} run(s), and at its pairs' noise "
                                       f"({cmp.noise:.1%}) 100 runs would not settle it")

@@ -351,6 +351,11 @@ def test_runs_to_settle_an_inconclusive_at_the_noise_its_pairs_showed() -> None:
     assert calibrate.runs_to_settle(seen(0.0299, 0.03)) is None  # at the tolerance itself no number of runs will do
     assert calibrate.runs_to_settle(seen(0.0, 0.0)) is None  # no spread measured: nothing to plan from
     assert calibrate.runs_to_settle(stats.Comparison(1, 1, 0.0, 0, 0, 0.03, stats.Outcome.INCONCLUSIVE, 0, 0)) is None
+    # the sign test's interval (pairs stand apart): its ends are ranked pairs, so no spread gives a count (its
+    # robust spread is 0 when most pairs agree, which would read "2 runs"): 0, no figure, and not hopeless
+    sign = stats.Comparison(1, 1, 0.8, 0.4, 1.3, 0.5, stats.Outcome.INCONCLUSIVE, 0, 0, method="paired",
+                            statistic="sign", pairs=9, noise=0.0001, apart=4)
+    assert calibrate.runs_to_settle(sign) == 0
     # calibrate's own repeats come from the same rule
     found = calibrate.Noise("x", 0.02, 5)
     assert calibrate.recommend(found, 0.05, 0.01).repeats == calibrate.runs_for(found.bound(), 0.02, power=0.95)
